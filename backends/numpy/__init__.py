@@ -1,0 +1,1 @@
+"""The NumPy reference interpreter: the oracle for every pass and every other backend."""

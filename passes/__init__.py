@@ -1,0 +1,80 @@
+"""Passes and pipelines. A pass is a pure function ``Program -> Program`` registered by name.
+
+The manager runs ``verify`` after every pass and calls a callback between passes; printing the
+IR after every pass and timing the passes are callbacks.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable, Iterable
+
+from rnnc.errors import RnncValueError
+from rnnc.ir import Program, verify
+
+Pass = Callable[[Program], Program]
+Callback = Callable[[str, Program, float], None]
+
+PASSES: dict[str, Pass] = {}
+
+_MODULES = ("canonicalize", "fuse_gate_matmuls", "hoist_sequence", "fuse_elementwise",
+            "mask_lengths", "autodiff")
+
+
+def register(name: str) -> Callable[[Pass], Pass]:
+    """Register a pass under its kebab-case ``name``."""
+    def deco(fn: Pass) -> Pass:
+        assert name not in PASSES, name
+        fn.pass_name = name  # type: ignore[attr-defined]
+        PASSES[name] = fn
+        return fn
+    return deco
+
+
+def _load() -> None:
+    for mod in _MODULES:
+        try:
+            importlib.import_module(f"rnnc.passes.{mod}")
+        except ModuleNotFoundError as err:
+            if err.name != f"rnnc.passes.{mod}":
+                raise
+
+
+# The passes every mode shares, run before autodiff so that backward sees fused gates.
+PREPARE: tuple[str, ...] = ("canonicalize", "fuse-gate-matmuls")
+
+PIPELINES: dict[str, tuple[str, ...]] = {
+    "inference": PREPARE + ("hoist-sequence", "fuse-elementwise"),
+    "forward": PREPARE + ("autodiff-forward", "hoist-sequence", "fuse-elementwise"),
+    "backward": PREPARE + ("autodiff-backward", "canonicalize", "hoist-sequence",
+                           "fuse-elementwise"),
+}
+
+MODES = tuple(PIPELINES)
+PIPELINES["prepare"] = PREPARE
+
+
+def pipeline(mode: str, masked: bool = False) -> tuple[str, ...]:
+    """The pass names run for ``mode``; variable lengths put mask-lengths first."""
+    if mode not in PIPELINES:
+        raise RnncValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    _load()
+    names = (("mask-lengths",) if masked else ()) + PIPELINES[mode]
+    return tuple(n for n in names if n in PASSES or n.startswith("autodiff"))
+
+
+def run(program: Program, names: Iterable[str], callback: Callback | None = None) -> Program:
+    """Run the named passes in order, verifying after each."""
+    _load()
+    verify(program)
+    for name in names:
+        if name not in PASSES:
+            raise RnncValueError(f"unknown pass {name!r}; passes are {sorted(PASSES)}")
+        start = time.perf_counter()
+        program = PASSES[name](program)
+        seconds = time.perf_counter() - start
+        verify(program)
+        if callback is not None:
+            callback(name, program, seconds)
+    return program

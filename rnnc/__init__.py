@@ -1,0 +1,37 @@
+"""rnnc: a graph-rewriting compiler for recurrent neural network cells."""
+
+from rnnc import cells
+from rnnc.api import Function, Grads, Tape, compile, dump
+from rnnc.composites import hard_sigmoid, layer_norm, softsign
+from rnnc.dsl import (
+    Cell,
+    Value,
+    concat,
+    exp,
+    log,
+    mean,
+    relu,
+    rsqrt,
+    sigmoid,
+    sqrt,
+    sum,
+    tanh,
+    where,
+)
+from rnnc.errors import (
+    BackendUnavailable,
+    CellError,
+    RnncError,
+    RnncTypeError,
+    RnncValueError,
+    ShapeError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendUnavailable", "Cell", "CellError", "Function", "Grads", "RnncError", "RnncTypeError",
+    "RnncValueError", "ShapeError", "Tape", "Value", "cells", "compile", "concat", "dump", "exp",
+    "hard_sigmoid", "layer_norm", "log", "mean", "relu", "rsqrt", "sigmoid", "softsign", "sqrt",
+    "sum", "tanh", "where",
+]

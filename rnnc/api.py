@@ -1,0 +1,234 @@
+"""The compiled function: validation at the edge, one backend call per sequence."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rnnc import backends, passes, validate
+from rnnc.dsl import Cell, final_name
+from rnnc.errors import RnncTypeError, RnncValueError
+from rnnc.ir import Program, retype
+from rnnc.layout import Layout
+from rnnc.printer import format_program
+
+NP = {"f32": np.float32, "f64": np.float64}
+
+
+@dataclass
+class Tape:
+    """What a training forward saved for backward. Usable any number of times."""
+
+    owner: Function
+    dtype: str
+    T: int
+    B: int
+    env: dict[str, np.ndarray]
+    lengths: np.ndarray | None
+
+
+@dataclass
+class Grads:
+    """Gradients: ``x`` (an array, or a dict for multi-input cells), ``params``, ``states``."""
+
+    x: Any
+    params: dict[str, np.ndarray]
+    states: dict[str, np.ndarray]
+    flat: np.ndarray | None = None
+
+
+class Function:
+    """A cell compiled for one backend: inference, training forward and backward."""
+
+    def __init__(self, cell: Cell, backend: str = "numpy", **options: Any) -> None:
+        if not isinstance(cell, Cell):
+            raise RnncTypeError(f"compile() takes an rnnc.Cell, got {type(cell).__name__}")
+        cell.check()
+        self.cell = cell
+        self.backend = backends.get(backend, **options)
+        self._base = cell.program()
+        self._programs: dict[tuple[str, str, bool], Program] = {}
+        self._runners: dict[tuple[str, str, bool], Any] = {}
+        self._lock = threading.Lock()
+        self.inputs = cell.sizes("input")
+        self.states = cell.sizes("state")
+        self.params = cell.sizes("param")
+        self.outputs = tuple(cell.outputs)
+        prepared = passes.run(self._base, passes.pipeline("prepare"))
+        self.layout = Layout(
+            [b for b in prepared.meta.get("layout", ())] or Layout.identity(self.params).blocks,
+            self.params)
+
+    # -- programs
+    def program(self, mode: str = "inference", dtype: str = "f32", lengths: bool = False,
+                callback: passes.Callback | None = None) -> Program:
+        """The optimized program for ``mode`` ("inference", "forward", "backward")."""
+        key = (mode, dtype, lengths)
+        if callback is not None or key not in self._programs:
+            p = passes.run(retype(self._base, dtype), passes.pipeline(mode, lengths), callback)
+            if callback is not None:
+                return p
+            self._programs[key] = p
+        return self._programs[key]
+
+    def _runner(self, mode: str, dtype: str, masked: bool):
+        key = (mode, dtype, masked)
+        with self._lock:
+            if key not in self._runners:
+                self._runners[key] = self.backend.build(self.program(mode, dtype, masked))
+            return self._runners[key]
+
+    def ir(self, mode: str = "inference", dtype: str = "f32", lengths: bool = False) -> str:
+        """The optimized program for ``mode`` as text."""
+        return format_program(self.program(mode, dtype, lengths), f"{self.cell.name} {mode}")
+
+    def op_counts(self, mode: str = "inference") -> dict[str, dict[str, int]]:
+        """Node counts inside the loop body and outside it, by op name."""
+        p = self.program(mode)
+        counts: dict[str, dict[str, int]] = {"loop": {}, "outside": {}}
+        for where, graphs in (("loop", (p.scan.body,)), ("outside", (p.pre, p.post))):
+            for g in graphs:
+                for node in g.nodes():
+                    if node.op.name in ("arg", "get", "constant"):
+                        continue
+                    counts[where][node.op.name] = counts[where].get(node.op.name, 0) + 1
+        return counts
+
+    # -- parameters
+    def pack(self, params: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Copy named parameters into one new flat buffer."""
+        first = next(iter(params.values()), None) if isinstance(params, Mapping) else None
+        dtype = "f64" if first is not None and np.asarray(first).dtype == np.float64 else "f32"
+        params = validate.named_arrays("parameter", self.params, params, dtype, None, True)
+        return self.layout.pack(params, NP[dtype])
+
+    def unpack(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        """Named views into a flat buffer."""
+        return self.layout.unpack(flat)
+
+    def _param_blocks(self, params: Any, dtype: str) -> dict[str, np.ndarray]:
+        if isinstance(params, np.ndarray):
+            self.layout.check_flat(params)
+            if validate.float_dtype(params, "flat parameter buffer") != dtype:
+                raise RnncTypeError(f"flat parameter buffer is {params.dtype}, the input is "
+                                    f"{np.dtype(NP[dtype])}")
+            return self.layout.block_views(np.ascontiguousarray(params))
+        params = validate.named_arrays("parameter", self.params, params, dtype, None, True)
+        return self.layout.block_views(self.layout.pack(params, NP[dtype]))
+
+    # -- running
+    def _prepare(self, x: Any, params: Any, states: Any, lengths: Any):
+        xs, dtype, T, B = validate.sequences(self.inputs, x)
+        env: dict[str, np.ndarray] = dict(xs)
+        env.update(self._param_blocks(params, dtype))
+        given = validate.named_arrays("state", self.states, states, dtype, B, False)
+        for name, shape in self.states.items():
+            env[name] = given.get(name, np.zeros((B, shape[-1]), NP[dtype]))
+        lens = validate.lengths(lengths, T, B)
+        if lens is not None:
+            env["mask"] = validate.mask(lens, T, dtype)
+        return env, dtype, T, B, lens
+
+    def _split(self, res: Mapping[str, np.ndarray]):
+        ys = {name: res[name] for name in self.outputs}
+        return ys, {s: res[final_name(s)] for s in self.states}
+
+    def _empty(self, env, dtype, B):
+        ys = {n: np.zeros((0, B, self.cell.graph.node(self.cell.outputs[n]).shape[-1]),
+                          NP[dtype]) for n in self.outputs}
+        return ys, {s: env[s].copy() for s in self.states}
+
+    def __call__(self, x: Any, params: Any, states: Any = None, lengths: Any = None):
+        """Inference over a whole sequence: ``(outputs, final_states)``."""
+        env, dtype, T, B, lens = self._prepare(x, params, states, lengths)
+        if T == 0:
+            return self._empty(env, dtype, B)
+        run = self._runner("inference", dtype, lens is not None)
+        return self._split(run(env, {"T": T, "B": B}))
+
+    def forward(self, x: Any, params: Any, states: Any = None, lengths: Any = None):
+        """Training forward: ``(outputs, final_states, tape)``."""
+        env, dtype, T, B, lens = self._prepare(x, params, states, lengths)
+        if T == 0:
+            ys, st = self._empty(env, dtype, B)
+            return ys, st, Tape(self, dtype, 0, B, env, lens)
+        res = self._runner("forward", dtype, lens is not None)(env, {"T": T, "B": B})
+        ys, st = self._split(res)
+        program = self.program("forward", dtype, lens is not None)
+        saved = {n: res[n] for n in program.results if n not in ys and n not in
+                 {final_name(s) for s in self.states}}
+        env.update(saved)
+        return ys, st, Tape(self, dtype, T, B, env, lens)
+
+    def backward(self, tape: Tape, d_outputs: Mapping[str, Any] | None = None,
+                 d_states: Mapping[str, Any] | None = None) -> Grads:
+        """Gradients of a scalar loss given its gradients w.r.t. outputs and final states."""
+        if not isinstance(tape, Tape):
+            raise RnncTypeError(f"backward() takes the tape from forward(), got "
+                                f"{type(tape).__name__}")
+        if tape.owner is not self:
+            raise RnncValueError("this tape was recorded by another compiled function")
+        dtype, T, B = tape.dtype, tape.T, tape.B
+        out_shapes = {n: ("T", "B", self.cell.graph.node(self.cell.outputs[n]).shape[-1])
+                      for n in self.outputs}
+        d_out = _cotangents("output gradient", out_shapes, d_outputs, dtype, T, B)
+        d_st = _cotangents("state gradient", self.states, d_states, dtype, T, B)
+        if T == 0:
+            return self._zero_grads(tape, d_st)
+        env = dict(tape.env)
+        env.update({f"d.{n}": v for n, v in d_out.items()})
+        env.update({f"d.{final_name(n)}": v for n, v in d_st.items()})
+        res = self._runner("backward", dtype, tape.lengths is not None)(env, {"T": T, "B": B})
+        flat = np.empty(self.layout.size, NP[dtype])
+        for name, view in self.layout.block_views(flat).items():
+            view[...] = res[f"grad.{name}"]
+        gx = {n: res[f"grad.{n}"] for n in self.inputs}
+        return Grads(gx if len(gx) > 1 else next(iter(gx.values())),
+                     self.layout.unpack(flat), {s: res[f"grad.{s}"] for s in self.states}, flat)
+
+    def _zero_grads(self, tape: Tape, d_st: dict[str, np.ndarray]) -> Grads:
+        dt = NP[tape.dtype]
+        gx = {n: np.zeros((0, tape.B, s[-1]), dt) for n, s in self.inputs.items()}
+        flat = np.zeros(self.layout.size, dt)
+        return Grads(gx if len(gx) > 1 else next(iter(gx.values())), self.layout.unpack(flat),
+                     {s: d_st[s].copy() for s in self.states}, flat)
+
+
+def _cotangents(kind: str, shapes: Mapping[str, tuple], given: Any, dtype: str, T: int, B: int
+                ) -> dict[str, np.ndarray]:
+    """Upstream gradients by name; omitted entries are zero."""
+    out = validate.named_arrays(kind, {n: tuple(T if d == "T" else d for d in s)
+                                       for n, s in shapes.items()}, given, dtype, B, False)
+    for name, shape in shapes.items():
+        if name not in out:
+            out[name] = np.zeros(tuple(T if d == "T" else B if d == "B" else d for d in shape),
+                                 NP[dtype])
+    return out
+
+
+def compile(cell: Cell, backend: str = "numpy", **options: Any) -> Function:  # noqa: A001
+    """Compile ``cell`` for ``backend`` ("numpy", "llvm" or "cuda")."""
+    return Function(cell, backend, **options)
+
+
+def dump(cell: Cell, after: str = "all", mode: str = "inference", dtype: str = "f32") -> str:
+    """The program as text after the pass ``after`` (or after every pass with "all")."""
+    base = cell.program()
+    names = passes.pipeline(mode)
+    if after not in ("all", "none") and after not in names:
+        raise RnncValueError(f"--after must be a pass of the {mode} pipeline ({', '.join(names)}) "
+                             f"or 'all', got {after!r}")
+    chunks = [format_program(base, f"{cell.name} {mode}: traced")] if after == "all" else []
+
+    def show(name: str, program: Program, seconds: float) -> None:
+        if after in ("all", name):
+            chunks.append(format_program(program, f"{cell.name} {mode}: after {name}"))
+
+    passes.run(retype(base, dtype), names, show)
+    if after == "none":
+        chunks.append(format_program(base, f"{cell.name} {mode}: traced"))
+    return "\n\n".join(chunks)

@@ -1,0 +1,76 @@
+"""The standard cells, with PyTorch's equations and parameter names (matrices for ``x @ W``)."""
+
+from __future__ import annotations
+
+from rnnc.dsl import Cell, relu, sigmoid, tanh
+
+
+def rnn(input_size: int, hidden_size: int, nonlinearity: str = "tanh") -> Cell:
+    """Elman RNN: h' = act(x W_ih + b_ih + h W_hh + b_hh)."""
+    acts = {"tanh": tanh, "relu": relu}
+    if nonlinearity not in acts:
+        from rnnc.errors import CellError
+
+        raise CellError(f"nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
+    c = Cell(f"rnn_{nonlinearity}")
+    x = c.input("x", input_size)
+    h = c.state("h", hidden_size)
+    W_ih = c.param("W_ih", (input_size, hidden_size))
+    W_hh = c.param("W_hh", (hidden_size, hidden_size))
+    b_ih = c.param("b_ih", (hidden_size,))
+    b_hh = c.param("b_hh", (hidden_size,))
+    h_new = acts[nonlinearity](x @ W_ih + b_ih + h @ W_hh + b_hh)
+    c.update(h=h_new)
+    c.output("y", h_new)
+    return c
+
+
+def lstm(input_size: int, hidden_size: int) -> Cell:
+    """LSTM with gates i, f, g, o (PyTorch's nn.LSTM)."""
+    c = Cell("lstm")
+    x = c.input("x", input_size)
+    h = c.state("h", hidden_size)
+    cs = c.state("c", hidden_size)
+    W = {g: c.param(f"W_i{g}", (input_size, hidden_size)) for g in "ifgo"}
+    U = {g: c.param(f"W_h{g}", (hidden_size, hidden_size)) for g in "ifgo"}
+    bi = {g: c.param(f"b_i{g}", (hidden_size,)) for g in "ifgo"}
+    bh = {g: c.param(f"b_h{g}", (hidden_size,)) for g in "ifgo"}
+    pre = {g: x @ W[g] + bi[g] + h @ U[g] + bh[g] for g in "ifgo"}
+    i, f, o = sigmoid(pre["i"]), sigmoid(pre["f"]), sigmoid(pre["o"])
+    g = tanh(pre["g"])
+    c_new = f * cs + i * g
+    h_new = o * tanh(c_new)
+    c.update(h=h_new, c=c_new)
+    c.output("y", h_new)
+    return c
+
+
+def gru(input_size: int, hidden_size: int, reset_after: bool = True) -> Cell:
+    """GRU with gates r, z, n; reset_after=True is PyTorch/cuDNN, False is v3 (Keras, Flux)."""
+    c = Cell("gru" if reset_after else "gru_v3")
+    x = c.input("x", input_size)
+    h = c.state("h", hidden_size)
+    W = {g: c.param(f"W_i{g}", (input_size, hidden_size)) for g in "rzn"}
+    U = {g: c.param(f"W_h{g}", (hidden_size, hidden_size)) for g in "rzn"}
+    bi = {g: c.param(f"b_i{g}", (hidden_size,)) for g in "rzn"}
+    bh = {g: c.param(f"b_h{g}", (hidden_size,)) for g in "rzn"}
+    r = sigmoid(x @ W["r"] + bi["r"] + h @ U["r"] + bh["r"])
+    z = sigmoid(x @ W["z"] + bi["z"] + h @ U["z"] + bh["z"])
+    if reset_after:
+        n = tanh(x @ W["n"] + bi["n"] + r * (h @ U["n"] + bh["n"]))
+    else:
+        n = tanh(x @ W["n"] + bi["n"] + (r * h) @ U["n"] + bh["n"])
+    h_new = (1 - z) * n + z * h
+    c.update(h=h_new)
+    c.output("y", h_new)
+    return c
+
+
+STANDARD = {
+    "rnn": rnn,
+    "rnn_tanh": rnn,
+    "rnn_relu": lambda i, h: rnn(i, h, "relu"),
+    "lstm": lstm,
+    "gru": gru,
+    "gru_v3": lambda i, h: gru(i, h, reset_after=False),
+}

@@ -1,0 +1,310 @@
+"""The cell DSL: a tracing builder that records one time step of a cell as an IR graph."""
+
+from __future__ import annotations
+
+import keyword
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from rnnc import ops
+from rnnc.errors import CellError, RnncTypeError, RnncValueError, ShapeError
+from rnnc.ir import Carry, Graph, Program, Scan, Type
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_INTERNAL = {os.path.join(_HERE, f) for f in ("dsl.py", "ops.py", "ir.py", "composites.py")}
+
+Init = Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]
+
+
+def _user_location() -> str:
+    """The first stack frame outside the DSL's own files, as 'file:line: code'."""
+    frame = sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename) in _INTERNAL:
+        frame = frame.f_back
+    if frame is None:
+        return "<unknown>"
+    import linecache
+
+    code = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}: {code}"
+
+
+class Value:
+    """A traced value of a cell: one node of its step graph."""
+
+    __array_priority__ = 1000  # so `ndarray * value` defers to Value.__rmul__
+
+    def __init__(self, cell: Cell, node: int) -> None:
+        self.cell = cell
+        self.node = node
+
+    @property
+    def shape(self) -> tuple:
+        return self.cell.graph.node(self.node).shape
+
+    def __repr__(self) -> str:
+        return f"<rnnc.Value %{self.node} {self.cell.graph.node(self.node).type}>"
+
+    def __add__(self, o): return apply(ops.add, self, o)
+    def __radd__(self, o): return apply(ops.add, o, self)
+    def __sub__(self, o): return apply(ops.sub, self, o)
+    def __rsub__(self, o): return apply(ops.sub, o, self)
+    def __mul__(self, o): return apply(ops.mul, self, o)
+    def __rmul__(self, o): return apply(ops.mul, o, self)
+    def __truediv__(self, o): return apply(ops.div, self, o)
+    def __rtruediv__(self, o): return apply(ops.div, o, self)
+    def __neg__(self): return apply(ops.neg, self)
+    def __pos__(self): return self
+    def __matmul__(self, o): return apply(ops.matmul, self, o)
+    def __rmatmul__(self, o): return apply(ops.matmul, o, self)
+
+    def __getitem__(self, key: Any) -> Value:
+        """Slice the feature axis: ``v[:, a:b]`` or ``v[..., a:b]``."""
+        if isinstance(key, tuple) and len(key) == 2 and key[0] in (slice(None), Ellipsis):
+            key = key[1]
+        else:
+            raise ShapeError(f"index the feature axis as v[:, a:b], got v[{key!r}] "
+                             f"(at {_user_location()})")
+        n = self.shape[-1]
+        if isinstance(key, int):
+            key = slice(key, key + 1) if key != -1 else slice(n - 1, n)
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise ShapeError(f"feature slices must be contiguous a:b, got {key!r} "
+                             f"(at {_user_location()})")
+        start, stop, _ = key.indices(n)
+        return apply(ops.slice_, self, start=start, stop=stop)
+
+    def __bool__(self) -> bool:
+        raise RnncTypeError("a traced rnnc value has no truth value; use rnnc.where(c, a, b)")
+
+    def __array__(self, *a, **k):
+        raise RnncTypeError("a traced rnnc value cannot become a NumPy array")
+
+
+def _as_value(cell: Cell, v: Any) -> Value:
+    if isinstance(v, Value):
+        if v.cell is not cell:
+            raise CellError(f"a value of cell {v.cell.name!r} used in cell {cell.name!r} "
+                            f"(at {_user_location()})")
+        return v
+    if isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool):
+        return Value(cell, cell.graph.add(ops.constant, (), {"value": float(v)},
+                                          loc=_user_location()))
+    raise RnncTypeError(f"expected an rnnc value or a Python number, got {type(v).__name__} "
+                        f"(at {_user_location()})")
+
+
+def apply(op: ops.Op, *args: Any, **attrs: Any) -> Value:
+    """Record ``op(*args)`` in the cell the traced arguments belong to."""
+    cells = [a.cell for a in args if isinstance(a, Value)]
+    if not cells:
+        raise RnncTypeError(f"{op.name} needs at least one traced rnnc value")
+    cell = cells[0]
+    values = [_as_value(cell, a) for a in args]
+    loc = _user_location()
+    try:
+        nid = cell.graph.add(op, [v.node for v in values], attrs, loc=loc)
+    except ShapeError as err:
+        shapes = ", ".join(str(cell.graph.node(v.node).type) for v in values)
+        raise ShapeError(f"{op.name}({shapes}): {err} (at {loc})") from None
+    return Value(cell, nid)
+
+
+def _check_name(name: Any, what: str) -> str:
+    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+        raise CellError(f"{what} name must be a Python identifier, got {name!r}")
+    return name
+
+
+def _check_size(size: Any, what: str) -> int:
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+        raise CellError(f"{what} size must be a positive int, got {size!r}")
+    return int(size)
+
+
+class Cell:
+    """One time step of a recurrent cell, recorded by tracing."""
+
+    def __init__(self, name: str = "cell") -> None:
+        self.name = name
+        self.graph = Graph("f32")
+        self.inputs: dict[str, int] = {}
+        self.states: dict[str, int] = {}
+        self.params: dict[str, int] = {}
+        self.inits: dict[str, Init | None] = {}
+        self.updates: dict[str, int] = {}
+        self.outputs: dict[str, int] = {}
+
+    # -- declarations
+    def _declare(self, name: str, what: str) -> str:
+        _check_name(name, what)
+        taken = {**self.inputs, **self.states, **self.params, **self.outputs}
+        if name in taken:
+            raise CellError(f"{what} name {name!r} is already used in cell {self.name!r}")
+        return name
+
+    def input(self, name: str, size: int) -> Value:
+        """A per-step input ``(B, size)``; the sequence passed to the function is (T, B, size)."""
+        self._declare(name, "input")
+        nid = self.graph.arg(name, ("B", _check_size(size, f"input {name!r}")), "seq")
+        self.inputs[name] = nid
+        return Value(self, nid)
+
+    def state(self, name: str, size: int) -> Value:
+        """A carried state ``(B, size)``: its value at step t-1."""
+        self._declare(name, "state")
+        nid = self.graph.arg(name, ("B", _check_size(size, f"state {name!r}")), "carry")
+        self.states[name] = nid
+        return Value(self, nid)
+
+    def param(self, name: str, shape: int | tuple[int, ...], init: Init | float | None = None
+              ) -> Value:
+        """A parameter of ``shape`` (a vector ``(n,)`` or a matrix ``(k, n)``)."""
+        self._declare(name, "parameter")
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        if len(shape) not in (1, 2):
+            raise CellError(f"parameter {name!r} must be 1-D or 2-D, got shape {shape}")
+        shape = tuple(_check_size(d, f"parameter {name!r}") for d in shape)
+        if init is not None and not callable(init) and not isinstance(init, (int, float)):
+            raise CellError(f"init of parameter {name!r} must be a callable or a number")
+        nid = self.graph.arg(name, shape, "const")
+        self.params[name] = nid
+        self.inits[name] = init
+        return Value(self, nid)
+
+    def update(self, **next_values: Value) -> None:
+        """Set the next value of each named state."""
+        for name, v in next_values.items():
+            if name not in self.states:
+                raise CellError(f"update of unknown state {name!r}; states are "
+                                f"{sorted(self.states)}")
+            if name in self.updates:
+                raise CellError(f"state {name!r} is updated twice")
+            v = _as_value(self, v)
+            want = self.graph.node(self.states[name]).shape
+            if v.shape != want:
+                raise ShapeError(f"update of state {name!r} has shape {ops.fmt_shape(v.shape)}, "
+                                 f"expected {ops.fmt_shape(want)} (at {_user_location()})")
+            self.updates[name] = v.node
+
+    def output(self, name: str, value: Value) -> None:
+        """A per-step output ``(B, n)``, stacked over time into ``(T, B, n)``."""
+        self._declare(name, "output")
+        value = _as_value(self, value)
+        if len(value.shape) != 2 or value.shape[0] != "B":
+            raise ShapeError(f"output {name!r} must be a per-step value [B,n], got "
+                             f"{ops.fmt_shape(value.shape)} (at {_user_location()})")
+        self.outputs[name] = value.node
+
+    # -- use
+    @property
+    def hidden_size(self) -> int:
+        return self.graph.node(next(iter(self.states.values()))).shape[1]
+
+    def sizes(self, role: str) -> dict[str, tuple]:
+        table = {"input": self.inputs, "state": self.states, "param": self.params}[role]
+        return {n: self.graph.node(i).shape for n, i in table.items()}
+
+    def check(self) -> None:
+        """Raise CellError if the cell cannot be compiled."""
+        if not self.inputs:
+            raise CellError(f"cell {self.name!r} declares no input")
+        if not self.states:
+            raise CellError(f"cell {self.name!r} declares no state")
+        missing = [s for s in self.states if s not in self.updates]
+        if missing:
+            raise CellError(f"state {missing[0]!r} of cell {self.name!r} is never updated "
+                            f"(call cell.update({missing[0]}=...))")
+
+    def init_params(self, seed: int = 0, dtype: Any = np.float32) -> dict[str, np.ndarray]:
+        """PyTorch's default init: uniform in ±1/sqrt(hidden), reproducible from ``seed``."""
+        self.check()
+        rng = np.random.default_rng(seed)
+        bound = 1.0 / np.sqrt(self.hidden_size)
+        out = {}
+        for name, shape in self.sizes("param").items():
+            init = self.inits[name]
+            if init is None:
+                arr = rng.uniform(-bound, bound, size=shape)
+            elif callable(init):
+                arr = np.asarray(init(rng, shape))
+                if arr.shape != shape:
+                    raise CellError(f"init of {name!r} returned shape {arr.shape}, "
+                                    f"expected {shape}")
+            else:
+                arr = np.full(shape, float(init))
+            out[name] = np.ascontiguousarray(arr, dtype=dtype)
+        return out
+
+    def program(self) -> Program:
+        """The cell as a program: an empty pre-loop graph, the step as a scan, nothing after."""
+        self.check()
+        body = self.graph.copy()
+        body.outputs = {**self.updates, **self.outputs}
+        # DCE here keeps unused declarations (e.g. an unused parameter) as args.
+        for n in sorted(body.dead_code()):
+            body.remove(n)
+        args = {}
+        for name, nid in self.inputs.items():
+            args[name] = ("input", Type("f32", ("T",) + body.node(nid).shape))
+        for name, nid in self.states.items():
+            args[name] = ("state", Type("f32", body.node(nid).shape))
+        for name, nid in self.params.items():
+            args[name] = ("param", Type("f32", body.node(nid).shape))
+        scan = Scan(body, seqs=tuple(self.inputs), consts=tuple(self.params),
+                    carries=tuple(Carry(s, s, final_name(s)) for s in self.states),
+                    stacked=tuple(self.outputs))
+        results = tuple(self.outputs) + tuple(final_name(s) for s in self.states)
+        return Program(args, Graph("f32"), scan, Graph("f32"), results, "f32",
+                       {"cell": self.name})
+
+
+def final_name(state: str) -> str:
+    """The environment name of a state's value after the last step."""
+    return state + ".final"
+
+
+# ---------------------------------------------------------------- functions on values
+
+
+def _fn(op: ops.Op) -> Callable[..., Value]:
+    def f(x: Value) -> Value:
+        return apply(op, x)
+    f.__name__ = op.name
+    f.__doc__ = f"Elementwise {op.name}."
+    return f
+
+
+sigmoid = _fn(ops.sigmoid)
+tanh = _fn(ops.tanh)
+relu = _fn(ops.relu)
+exp = _fn(ops.exp)
+log = _fn(ops.log)
+sqrt = _fn(ops.sqrt)
+rsqrt = _fn(ops.rsqrt)
+
+
+def where(cond: Value, a: Value | float, b: Value | float) -> Value:
+    """``a`` where ``cond > 0``, else ``b`` (elementwise, broadcasting)."""
+    return apply(ops.where, cond, a, b)
+
+
+def concat(values: list[Value] | tuple[Value, ...]) -> Value:
+    """Concatenate along the feature axis."""
+    if not isinstance(values, (list, tuple)) or not values:
+        raise RnncValueError("concat takes a non-empty list of values")
+    return apply(ops.concat, *values)
+
+
+def mean(x: Value) -> Value:
+    """Mean over the feature axis, kept as an axis of 1: ``(B, n) -> (B, 1)``."""
+    return apply(ops.mean, x)
+
+
+def sum(x: Value) -> Value:  # noqa: A001 - the DSL mirrors NumPy's name
+    """Sum over the feature axis, kept as an axis of 1: ``(B, n) -> (B, 1)``."""
+    return apply(ops.sum_, x)

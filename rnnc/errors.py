@@ -1,0 +1,27 @@
+"""Errors raised by rnnc: every bad input becomes one of these before native code runs."""
+
+from __future__ import annotations
+
+
+class RnncError(Exception):
+    """Base class of every error rnnc raises on purpose."""
+
+
+class RnncValueError(RnncError, ValueError):
+    """A value with the wrong shape, size, length or name."""
+
+
+class RnncTypeError(RnncError, TypeError):
+    """A value of the wrong kind or dtype."""
+
+
+class ShapeError(RnncValueError):
+    """An op applied to incompatible shapes (reported at the DSL line that built it)."""
+
+
+class CellError(RnncValueError):
+    """A malformed cell: a name used twice, a state never updated, a missing output."""
+
+
+class BackendUnavailable(RnncError, RuntimeError):
+    """The requested backend cannot run here (no library, no device)."""
