@@ -183,10 +183,13 @@ class Function:
         env.update({f"d.{n}": v for n, v in d_out.items()})
         env.update({f"d.{final_name(n)}": v for n, v in d_st.items()})
         res = self._runner("backward", dtype, tape.lengths is not None)(env, {"T": T, "B": B})
-        flat = np.empty(self.layout.size, NP[dtype])
+        # A parameter or input the outputs do not depend on has no gradient node: zero.
+        flat = np.zeros(self.layout.size, NP[dtype])
         for name, view in self.layout.block_views(flat).items():
-            view[...] = res[f"grad.{name}"]
-        gx = {n: res[f"grad.{n}"] for n in self.inputs}
+            if f"grad.{name}" in res:
+                view[...] = res[f"grad.{name}"]
+        gx = {n: res.get(f"grad.{n}", np.zeros((T, B, s[-1]), NP[dtype]))
+              for n, s in self.inputs.items()}
         return Grads(gx if len(gx) > 1 else next(iter(gx.values())),
                      self.layout.unpack(flat), {s: res[f"grad.{s}"] for s in self.states}, flat)
 

@@ -58,10 +58,11 @@ def graph_lines(g: Graph, depth: int, names: dict[int, str] | None = None) -> li
 def format_program(p: Program, title: str = "") -> str:
     """The whole program as text."""
     out = [f"program {title or p.meta.get('cell', '')} ({p.dtype}) {{".replace("  ", " ")]
-    for role in ("input", "state", "param", "saved", "cotangent", "mask"):
+    for role, label in (("input", "inputs"), ("state", "states"), ("param", "params"),
+                        ("mask", "mask"), ("saved", "saved"), ("cotangent", "cotangents")):
         items = [f"{n}: {t}" for n, (r, t) in p.args.items() if r == role]
         if items:
-            out.append(f"{INDENT}{role}s: " + ", ".join(items))
+            out.append(f"{INDENT}{label}: " + ", ".join(items))
     if len(p.pre):
         out.append(f"{INDENT}pre {{")
         out.extend(graph_lines(p.pre, 2))
