@@ -1,6 +1,6 @@
 """rnnc: a graph-rewriting compiler for recurrent neural network cells."""
 
-from rnnc import cells
+from rnnc import cells, printer
 from rnnc.api import Function, Grads, Tape, compile, dump
 from rnnc.composites import hard_sigmoid, layer_norm, softsign
 from rnnc.dsl import (

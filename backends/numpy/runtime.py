@@ -19,10 +19,14 @@ def resolve(shape: tuple, dims: Mapping[str, int]) -> tuple[int, ...]:
     return tuple(dims[d] if isinstance(d, str) else d for d in shape)
 
 
-def run_graph(g: Graph, env: Mapping[str, np.ndarray], dtype: Any) -> dict[str, np.ndarray]:
-    """Evaluate ``g`` reading its args from ``env``; return its outputs by name."""
+def run_graph(g: Graph, env: Mapping[str, np.ndarray], dtype: Any,
+              nodes: list | None = None) -> dict[str, np.ndarray]:
+    """Evaluate ``g`` reading its args from ``env``; return its outputs by name.
+
+    ``nodes`` is ``g.nodes()`` when the caller already has it (the loop evaluates one body
+    many times and sorts it once)."""
     vals: dict[int, Any] = {}
-    for node in g.nodes():
+    for node in g.nodes() if nodes is None else nodes:
         if node.op is ARG:
             vals[node.id] = env[node.attrs["name"]]
         elif node.op is FUSED:
@@ -52,11 +56,12 @@ def run_scan(scan: Scan, env: Mapping[str, np.ndarray], dims: Mapping[str, int],
     for name in scan.summed:
         out[name] = np.zeros(resolve(body.node(body.outputs[name]).shape, dims), dtype=dtype)
     local = {name: env[name] for name in scan.consts}
+    nodes = body.nodes()
     carry = {c.name: env[c.init] for c in scan.carries}
     for t in (range(T - 1, -1, -1) if scan.reverse else range(T)):
         local.update({name: env[name][t] for name in scan.seqs})
         local.update(carry)
-        step = run_graph(body, local, dtype)
+        step = run_graph(body, local, dtype, nodes)
         carry = {c.name: step[c.name] for c in scan.carries}
         for name in scan.stacked:
             out[name][t] = step[name]
