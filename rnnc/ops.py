@@ -163,6 +163,12 @@ def _matmul_ref(a, b, transpose_a=False, transpose_b=False):
     return a @ (b.T if transpose_b else b)
 
 
+def _concat_ref(*xs):
+    # Broadcast the leading (row) axes only: the feature sizes differ by design.
+    lead = np.broadcast_shapes(*(x.shape[:-1] for x in xs))
+    return np.concatenate([np.broadcast_to(x, lead + x.shape[-1:]) for x in xs], axis=-1)
+
+
 def _where_ref(c, a, b):
     return np.where(c > 0, a, b)
 
@@ -311,8 +317,7 @@ sqrt = _unary("sqrt", np.sqrt, _vjp_sqrt)
 rsqrt = _unary("rsqrt", lambda x: 1 / np.sqrt(x), _vjp_rsqrt)
 where = _register(Op("where", "elementwise", 3, _elementwise_shape, _where_ref, _vjp_where))
 matmul = _register(Op("matmul", "matmul", 2, _matmul_shape, _matmul_ref, _vjp_matmul))
-concat = _register(Op("concat", "layout", None, _concat_shape,
-                      lambda *xs: np.concatenate(np.broadcast_arrays(*xs), axis=-1), _vjp_concat))
+concat = _register(Op("concat", "layout", None, _concat_shape, _concat_ref, _vjp_concat))
 slice_ = _register(Op("slice", "layout", 1, _slice_shape,
                       lambda x, start, stop: x[..., start:stop], _vjp_slice))
 pad = _register(Op("pad", "layout", 1, _pad_shape,
