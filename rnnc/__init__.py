@@ -33,5 +33,5 @@ __all__ = [
     "BackendUnavailable", "Cell", "CellError", "Function", "Grads", "RnncError", "RnncTypeError",
     "RnncValueError", "ShapeError", "Tape", "Value", "cells", "compile", "concat", "dump", "exp",
     "hard_sigmoid", "layer_norm", "log", "mean", "relu", "rsqrt", "sigmoid", "softsign", "sqrt",
-    "sum", "tanh", "where",
+    "sum", "tanh", "where", "printer",
 ]
