@@ -110,6 +110,12 @@ def _unbroadcast(e: _Emitter, g: int, shape: tuple) -> int:
         g = e(ops.sum_, g)
     if len(shape) < len(e.shape(g)):
         g = e(ops.sum_rows, g)
+    elif len(shape) == 2 and shape[0] == 1 and e.shape(g)[:-1] != (1,):
+        # A (1, n) operand broadcast over rows: contract the rows with a column of ones,
+        # ones^T g, which keeps the leading axis of 1 (sum_rows would drop it).
+        one = e(ops.constant, value=1.0)
+        ones = e(ops.where, one, one, e(ops.slice_, g, start=0, stop=1))
+        g = e(ops.matmul, ones, g, transpose_a=True)
     assert e.shape(g) == shape, (have, shape)
     return g
 
