@@ -22,7 +22,10 @@ def get(name: str, **options: Any):
             raise BackendUnavailable(f"backend 'llvm' needs llvmlite: {err}") from None
         return LlvmBackend(**options)
     if name == "cuda":
-        from rnnc.backends.cuda.runtime import CudaBackend
+        try:
+            from rnnc.backends.cuda.runtime import CudaBackend
+        except ImportError as err:
+            raise BackendUnavailable(f"backend 'cuda' cannot be loaded: {err}") from None
 
         return CudaBackend(**options)
     raise RnncValueError(f"unknown backend {name!r}; expected one of {', '.join(NAMES)}")

@@ -26,12 +26,39 @@ from rnnc.errors import (
     RnncValueError,
     ShapeError,
 )
+from rnnc.layers import RNN
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "BackendUnavailable", "Cell", "CellError", "Function", "Grads", "RnncError", "RnncTypeError",
-    "RnncValueError", "ShapeError", "Tape", "Value", "cells", "compile", "concat", "dump", "exp",
-    "hard_sigmoid", "layer_norm", "log", "mean", "relu", "rsqrt", "sigmoid", "softsign", "sqrt",
-    "sum", "tanh", "where", "printer",
+    "BackendUnavailable",
+    "Cell",
+    "CellError",
+    "Function",
+    "Grads",
+    "RNN",
+    "RnncError",
+    "RnncTypeError",
+    "RnncValueError",
+    "ShapeError",
+    "Tape",
+    "Value",
+    "cells",
+    "compile",
+    "concat",
+    "dump",
+    "exp",
+    "hard_sigmoid",
+    "layer_norm",
+    "log",
+    "mean",
+    "printer",
+    "relu",
+    "rsqrt",
+    "sigmoid",
+    "softsign",
+    "sqrt",
+    "sum",
+    "tanh",
+    "where",
 ]

@@ -1,0 +1,574 @@
+"""Multi-layer, bidirectional recurrent layers over compiled cells, with PyTorch's shapes.
+
+``rnnc.RNN`` stacks ``num_layers`` layers of one cell, each run forward and (when
+``bidirectional``) reversed, with dropout between layers. Shapes follow ``torch.nn.LSTM``:
+``x`` is ``(T, B, input_size)`` (``(B, T, input_size)`` with ``batch_first``), ``y`` is
+``(T, B, D*H)`` with the forward direction in ``y[..., :H]`` and the reverse one in
+``y[..., H:]``, and every state is ``(L*D, B, H)`` indexed ``layer*D + direction``.
+
+One compiled ``Function`` serves every layer and direction with the same input width:
+layer 0 reads ``input_size`` features, layers above read ``D*H``. The reverse direction
+runs the same forward program on each sequence reversed within its own length (as cuDNN
+and PyTorch do with packed sequences), and its outputs are put back in time order.
+Outputs are zero past each sequence's length.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rnnc import backends, cells, validate
+from rnnc import weights as W
+from rnnc.api import Function, Tape
+from rnnc.api import compile as compile_cell
+from rnnc.dsl import Cell
+from rnnc.errors import CellError, RnncTypeError, RnncValueError
+
+CellFactory = Callable[[int, int], Cell]
+Params = dict[str, np.ndarray]
+Grid = list[list[Params]]
+
+MODES: tuple[str, ...] = W.MODES
+
+_AUTO_BACKEND: str | None = None
+_CACHE: dict[tuple, Function] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def fastest_backend() -> str:
+    """Return "llvm" when it imports and runs a tiny cell correctly here, else "numpy"."""
+    global _AUTO_BACKEND
+    if _AUTO_BACKEND is None:
+        cell = cells.rnn(2, 2)
+        params = cell.init_params(seed=0)
+        x = np.linspace(-1.0, 1.0, 6, dtype=np.float32).reshape(3, 1, 2)
+        try:
+            got, _ = compile_cell(cell, backend="llvm")(x, params)
+            want, _ = compile_cell(cell, backend="numpy")(x, params)
+            ok = np.allclose(got["y"], want["y"], rtol=1e-4, atol=1e-5)
+        except Exception:  # noqa: BLE001 - any failure (import, JIT, BLAS) means "not usable"
+            ok = False
+        _AUTO_BACKEND = "llvm" if ok else "numpy"
+    return _AUTO_BACKEND
+
+
+def _compiled(mode: str | CellFactory, cell: Cell, in_size: int, hidden: int, backend: str,
+              options: Mapping[str, Any]) -> Function:
+    """Compile ``cell``; standard cells are shared process-wide since their programs are fixed."""
+    if not isinstance(mode, str):
+        return compile_cell(cell, backend=backend, **options)
+    try:
+        key = (mode, in_size, hidden, backend, tuple(sorted(options.items())))
+        hash(key)
+    except TypeError:
+        return compile_cell(cell, backend=backend, **options)
+    with _CACHE_LOCK:
+        if key not in _CACHE:
+            _CACHE[key] = compile_cell(cell, backend=backend, **options)
+        return _CACHE[key]
+
+
+@dataclass
+class LayerTape:
+    """What ``RNN.forward(train=True)`` saved for ``RNN.backward``."""
+
+    owner: RNN
+    T: int
+    B: int
+    dtype: np.dtype
+    lengths: np.ndarray | None
+    reverse_index: np.ndarray | None  # (T, B): time index of each step in the reverse run
+    tapes: list[list[Tape]]  # [layer][direction]
+    dropout_masks: list[np.ndarray | None]  # after layer k, for k < num_layers - 1
+
+
+@dataclass
+class LayerGrads:
+    """Gradients: ``x`` shaped like the input, ``params[layer][direction]`` and ``states``."""
+
+    x: np.ndarray
+    params: Grid
+    states: dict[str, np.ndarray]
+
+
+def _check_int(value: Any, name: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise RnncValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+def _reverse_index(T: int, B: int, lens: np.ndarray | None) -> np.ndarray:
+    """Return ``idx`` with ``idx[t, b] = len_b - 1 - t`` inside each length, ``t`` past it.
+
+    The map is its own inverse, so the same gather reverses inputs, restores outputs and
+    carries gradients back in both directions.
+    """
+    t = np.arange(T)[:, None]
+    if lens is None:
+        return np.broadcast_to(T - 1 - t, (T, B)).copy()
+    return np.where(t < lens[None, :], lens[None, :] - 1 - t, t)
+
+
+def _gather(a: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Return ``a[idx[t, b], b]`` for every ``(t, b)``."""
+    return np.take_along_axis(a, idx[:, :, None], axis=0)
+
+
+class RNN:
+    """A stack of recurrent layers of one cell: ``y, states = layer(x, lengths, states)``.
+
+    ``mode`` is ``"rnn_tanh"``, ``"rnn_relu"``, ``"lstm"``, ``"gru"`` or a cell factory
+    ``(input_size, hidden_size) -> Cell`` whose cell has one input, one output of width
+    ``hidden_size`` (named ``"y"`` when there are several) and any states. ``backend`` is
+    ``"numpy"``, ``"llvm"``, ``"cuda"`` or ``None`` for the fastest available (llvm if it
+    works here, else numpy); ``backend_options`` go to ``rnnc.compile`` (e.g.
+    ``emulate=True``). ``seed`` makes the parameter initialization and the dropout masks
+    reproducible.
+
+    States are a dict by state name, each ``(num_layers * D, B, size)`` with ``D = 2`` when
+    bidirectional and row ``layer * D + direction``. For the standard cells this is
+    PyTorch's ``h_n = states["h"]`` and, for LSTM, ``c_n = states["c"]``; initial states
+    ``(h_0, c_0)`` are passed as ``states={"h": h_0, "c": c_0}`` (a missing name is zeros).
+
+    Parameters are ``layer.params[layer][direction]``, a dict of arrays with rnnc's names
+    (``W_ii, ..., b_ho`` for LSTM; see ``rnnc.weights``).
+    """
+
+    def __init__(self, mode: str | CellFactory, input_size: int, hidden_size: int,
+                 num_layers: int = 1, bidirectional: bool = False, dropout: float = 0.0,
+                 batch_first: bool = False, backend: str | None = "numpy",
+                 seed: int | None = None, dtype: Any = np.float32, **backend_options: Any
+                 ) -> None:
+        if isinstance(mode, str):
+            if mode not in MODES:
+                raise RnncValueError(f"mode must be one of {', '.join(map(repr, MODES))} or a "
+                                     f"cell factory, got {mode!r}")
+        elif not callable(mode):
+            raise RnncTypeError(f"mode must be a string or a cell factory, got "
+                                f"{type(mode).__name__}")
+        self.mode = mode
+        self.input_size = _check_int(input_size, "input_size", 1)
+        self.hidden_size = _check_int(hidden_size, "hidden_size", 1)
+        self.num_layers = _check_int(num_layers, "num_layers", 1)
+        self.bidirectional = bool(bidirectional)
+        self.num_directions = 2 if self.bidirectional else 1
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float, np.floating)) \
+                or not 0.0 <= float(dropout) < 1.0:
+            raise RnncValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
+        self.dropout = float(dropout)
+        self.batch_first = bool(batch_first)
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+            raise RnncTypeError(f"dtype must be float32 or float64, got {self.dtype}")
+        if backend is None:
+            backend = fastest_backend()
+        if backend not in backends.NAMES:
+            raise RnncValueError(f"unknown backend {backend!r}; expected one of "
+                                 f"{', '.join(backends.NAMES)} or None")
+        self.backend = backend
+        self.backend_options = dict(backend_options)
+        self._rng = np.random.default_rng(seed)
+        self._cells: dict[int, Cell] = {}
+        self._functions: dict[int, Function] = {}
+        for k in range(self.num_layers):
+            self._function(self.layer_input_size(k))
+        first = self._cells[self.input_size]
+        self.output_name = self._output_name(first)
+        self.state_sizes = {n: s[-1] for n, s in first.sizes("state").items()}
+        self.params: Grid = self.init_params(int(self._rng.integers(2**31)))
+
+    # -- cells and compiled functions
+    def layer_input_size(self, layer: int) -> int:
+        """Return the input width of ``layer``: ``input_size``, then ``D * hidden_size``."""
+        return self.input_size if layer == 0 else self.num_directions * self.hidden_size
+
+    def _build_cell(self, in_size: int) -> Cell:
+        if isinstance(self.mode, str):
+            return cells.STANDARD[self.mode](in_size, self.hidden_size)
+        cell = self.mode(in_size, self.hidden_size)
+        if not isinstance(cell, Cell):
+            raise RnncTypeError(f"the cell factory must return an rnnc.Cell, got "
+                                f"{type(cell).__name__}")
+        cell.check()
+        inputs = cell.sizes("input")
+        if len(inputs) != 1:
+            raise CellError(f"a layer needs a cell with one input, cell {cell.name!r} has "
+                            f"{sorted(inputs)}")
+        got = next(iter(inputs.values()))[-1]
+        if got != in_size:
+            raise CellError(f"the cell factory was asked for input size {in_size}, its cell's "
+                            f"input has {got} features")
+        return cell
+
+    def _output_name(self, cell: Cell) -> str:
+        names = list(cell.outputs)
+        if not names:
+            raise CellError(f"a layer needs a cell with an output, cell {cell.name!r} has none")
+        name = names[0] if len(names) == 1 else "y"
+        if name not in cell.outputs:
+            raise CellError(f"cell {cell.name!r} has several outputs {names}; a layer uses the "
+                            f"one named 'y'")
+        width = cell.graph.node(cell.outputs[name]).shape[-1]
+        if width != self.hidden_size:
+            raise CellError(f"output {name!r} of cell {cell.name!r} has {width} features, the "
+                            f"layer's hidden_size is {self.hidden_size}")
+        return name
+
+    def _function(self, in_size: int) -> Function:
+        if in_size not in self._functions:
+            cell = self._build_cell(in_size)
+            self._cells[in_size] = cell
+            self._functions[in_size] = _compiled(self.mode, cell, in_size, self.hidden_size,
+                                                 self.backend, self.backend_options)
+        return self._functions[in_size]
+
+    def function(self, layer: int) -> Function:
+        """Return the compiled function that runs ``layer`` (shared by equal input widths)."""
+        return self._functions[self.layer_input_size(layer)]
+
+    def init_params(self, seed: int = 0) -> Grid:
+        """Return fresh parameters ``[layer][direction]`` (PyTorch's init), from ``seed``."""
+        seeds = np.random.SeedSequence(seed).generate_state(self.num_layers * self.num_directions)
+        return [[self._cells[self.layer_input_size(k)].init_params(
+                    int(seeds[k * self.num_directions + d]), self.dtype)
+                 for d in range(self.num_directions)] for k in range(self.num_layers)]
+
+    def reseed(self, seed: int | None) -> None:
+        """Restart the dropout random stream from ``seed``."""
+        self._rng = np.random.default_rng(seed)
+
+    # -- checks
+    def _check_params(self, params: Any) -> Grid:
+        if params is None:
+            return self.params
+        L, D = self.num_layers, self.num_directions
+        if not isinstance(params, (list, tuple)) or len(params) != L or any(
+                not isinstance(row, (list, tuple)) or len(row) != D for row in params):
+            raise RnncValueError(f"params must be a list of {L} layers, each a list of {D} "
+                                 f"parameter dicts")
+        return [list(row) for row in params]
+
+    def _check_x(self, x: Any, dtype: np.dtype) -> np.ndarray:
+        if not isinstance(x, np.ndarray):
+            try:
+                x = np.asarray(x)
+            except Exception as err:  # noqa: BLE001 - anything array-like or an error
+                raise RnncTypeError(f"x must be a NumPy array, got {type(x).__name__}") from err
+        layout = "(B, T, input_size)" if self.batch_first else "(T, B, input_size)"
+        if x.ndim != 3:
+            raise RnncValueError(f"x must have shape {layout} = 3 dimensions, got shape "
+                                 f"{x.shape}")
+        if x.shape[2] != self.input_size:
+            raise RnncValueError(f"x must have {self.input_size} features (shape {layout}), "
+                                 f"got shape {x.shape}")
+        if x.dtype != dtype:
+            raise RnncTypeError(f"x is {x.dtype}, but the layer's parameters are {dtype}; "
+                                f"mixing dtypes is an error")
+        return x.transpose(1, 0, 2) if self.batch_first else x
+
+    def _check_lengths(self, lengths: Any, T: int, B: int) -> np.ndarray | None:
+        if lengths is None:
+            return None
+        arr = np.asarray(lengths.detach().cpu().numpy() if hasattr(lengths, "detach")
+                         else lengths)
+        if arr.ndim != 1 or arr.shape[0] != B:
+            hint = (" (with batch_first=True, x is (B, T, features))" if self.batch_first
+                    else " (with batch_first=False, x is (T, B, features))")
+            raise RnncValueError(f"lengths must have one entry per sequence: shape ({B},), got "
+                                 f"{arr.shape}{hint}")
+        return validate.lengths(arr, T, B)
+
+    def _check_states(self, states: Any, B: int, dtype: np.dtype, what: str = "state"
+                      ) -> dict[str, np.ndarray]:
+        LD = self.num_layers * self.num_directions
+        if states is None:
+            states = {}
+        if not isinstance(states, Mapping):
+            raise RnncTypeError(f"{what}s must be a dict by state name "
+                                f"({sorted(self.state_sizes)}), got {type(states).__name__}")
+        unknown = sorted(set(states) - set(self.state_sizes))
+        if unknown:
+            raise RnncValueError(f"unknown {what} {unknown[0]!r}; the states are "
+                                 f"{sorted(self.state_sizes)}")
+        out = {}
+        for name, size in self.state_sizes.items():
+            value = states.get(name)
+            if value is None:
+                out[name] = np.zeros((LD, B, size), dtype)
+                continue
+            arr = np.asarray(value)
+            if arr.shape != (LD, B, size):
+                raise RnncValueError(f"{what} {name!r} must have shape (num_layers * "
+                                     f"directions, B, size) = {(LD, B, size)}, got {arr.shape}")
+            if arr.dtype != dtype:
+                raise RnncTypeError(f"{what} {name!r} is {arr.dtype}, expected {dtype}")
+            out[name] = arr
+        return out
+
+    # -- running
+    def __call__(self, x: Any, lengths: Any = None, states: Any = None
+                 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Inference: ``(y, final_states)``; no dropout, nothing saved."""
+        y, final, _ = self._run(x, lengths, states, None, train=False, rng=None)
+        return y, final
+
+    def forward(self, x: Any, lengths: Any = None, states: Any = None, train: bool = True,
+                params: Grid | None = None, rng: np.random.Generator | None = None,
+                apply_dropout: bool | None = None
+                ) -> tuple[np.ndarray, dict[str, np.ndarray], LayerTape | None]:
+        """Training forward: ``(y, final_states, tape)``; ``train=False`` gives no tape.
+
+        ``params`` replaces ``layer.params`` for this call (same ``[layer][direction]``
+        structure); ``rng`` replaces the layer's dropout random stream. Dropout applies when
+        ``apply_dropout`` is true, which defaults to ``train``.
+        """
+        return self._run(x, lengths, states, params, train, rng, apply_dropout)
+
+    def _run(self, x: Any, lengths: Any, states: Any, params: Any, train: bool,
+             rng: np.random.Generator | None, apply_dropout: bool | None = None):
+        params = self._check_params(params)
+        dtype = np.dtype(next(iter(params[0][0].values())).dtype) if params[0][0] \
+            else self.dtype
+        x = self._check_x(x, dtype)
+        T, B = x.shape[:2]
+        if B == 0:
+            raise RnncValueError(f"x has batch size 0 (shape {x.shape})")
+        lens = self._check_lengths(lengths, T, B)
+        init = self._check_states(states, B, dtype)
+        L, D = self.num_layers, self.num_directions
+        rev = _reverse_index(T, B, lens) if D == 2 else None
+        valid = None if lens is None else (np.arange(T)[:, None] < lens[None, :])[:, :, None]
+        final = {n: np.empty((L * D, B, s), dtype) for n, s in self.state_sizes.items()}
+        tapes: list[list[Tape]] = []
+        masks: list[np.ndarray | None] = []
+        rng = rng if rng is not None else self._rng
+        inp = x
+        for k in range(L):
+            fn = self.function(k)
+            outs, row = [], []
+            for d in range(D):
+                xin = inp if d == 0 else _gather(inp, rev)
+                st0 = {n: init[n][k * D + d] for n in self.state_sizes}
+                if train:
+                    ys, st, tape = fn.forward(xin, params[k][d], st0, lens)
+                    row.append(tape)
+                else:
+                    ys, st = fn(xin, params[k][d], st0, lens)
+                y = ys[self.output_name]
+                if d == 1:
+                    y = _gather(y, rev)
+                if valid is not None:
+                    y = np.where(valid, y, 0).astype(dtype, copy=False)
+                outs.append(y)
+                for n in self.state_sizes:
+                    final[n][k * D + d] = st[n]
+            out = outs[0] if D == 1 else np.concatenate(outs, axis=2)
+            tapes.append(row)
+            if k < L - 1:
+                mask = None
+                if (train if apply_dropout is None else apply_dropout) and self.dropout > 0:
+                    keep = rng.random(out.shape) >= self.dropout
+                    mask = keep.astype(dtype) / dtype.type(1.0 - self.dropout)
+                    out = out * mask
+                masks.append(mask)
+            inp = out
+        y = inp.transpose(1, 0, 2) if self.batch_first else inp
+        tape = LayerTape(self, T, B, dtype, lens, rev, tapes, masks) if train else None
+        return np.ascontiguousarray(y), final, tape
+
+    def backward(self, tape: LayerTape, d_y: Any = None, d_states: Any = None) -> LayerGrads:
+        """Gradients given the loss's gradients w.r.t. ``y`` and the final states.
+
+        ``d_y`` is shaped like ``y`` (``None`` is zeros); ``d_states`` is a dict like the
+        final states (a missing name is zeros). Returns ``LayerGrads`` with ``x`` shaped like
+        the input, ``params[layer][direction]`` and ``states`` (the initial states').
+        """
+        if not isinstance(tape, LayerTape):
+            raise RnncTypeError(f"backward() takes the tape from forward(train=True), got "
+                                f"{type(tape).__name__}")
+        if tape.owner is not self:
+            raise RnncValueError("this tape was recorded by another layer")
+        L, D, H = self.num_layers, self.num_directions, self.hidden_size
+        T, B, dtype = tape.T, tape.B, tape.dtype
+        y_shape = (B, T, D * H) if self.batch_first else (T, B, D * H)
+        if d_y is None:
+            g_in = np.zeros((T, B, D * H), dtype)
+        else:
+            d_y = np.asarray(d_y)
+            if d_y.shape != y_shape:
+                raise RnncValueError(f"d_y must have the shape of y {y_shape}, got {d_y.shape}")
+            if d_y.dtype != dtype:
+                raise RnncTypeError(f"d_y is {d_y.dtype}, expected {dtype}")
+            g_in = d_y.transpose(1, 0, 2) if self.batch_first else d_y
+        d_st = self._check_states(d_states, B, dtype, "state gradient")
+        valid = None if tape.lengths is None else \
+            (np.arange(T)[:, None] < tape.lengths[None, :])[:, :, None]
+        g_params: Grid = [[{} for _ in range(D)] for _ in range(L)]
+        g_states = {n: np.empty((L * D, B, s), dtype) for n, s in self.state_sizes.items()}
+        for k in range(L - 1, -1, -1):
+            if k < L - 1 and tape.dropout_masks[k] is not None:
+                g_in = g_in * tape.dropout_masks[k]
+            fn = self.function(k)
+            gx = np.zeros((T, B, self.layer_input_size(k)), dtype)
+            for d in range(D):
+                dy = g_in[:, :, d * H:(d + 1) * H]
+                if valid is not None:
+                    dy = np.where(valid, dy, 0).astype(dtype, copy=False)
+                if d == 1:
+                    dy = _gather(dy, tape.reverse_index)
+                g = fn.backward(tape.tapes[k][d], {self.output_name: np.ascontiguousarray(dy)},
+                                {n: d_st[n][k * D + d] for n in self.state_sizes})
+                gx += g.x if d == 0 else _gather(g.x, tape.reverse_index)
+                g_params[k][d] = g.params
+                for n in self.state_sizes:
+                    g_states[n][k * D + d] = g.states[n]
+            g_in = gx
+        if valid is not None:
+            g_in = np.where(valid, g_in, 0).astype(dtype, copy=False)
+        gx = g_in.transpose(1, 0, 2) if self.batch_first else g_in
+        return LayerGrads(np.ascontiguousarray(gx), g_params, g_states)
+
+    # -- weights
+    def _standard(self, what: str) -> str:
+        if not isinstance(self.mode, str):
+            raise RnncValueError(f"{what} needs a standard mode ({', '.join(MODES)}); this layer "
+                                 f"uses a custom cell")
+        return self.mode
+
+    def _set_params(self, grid: Grid) -> None:
+        self.params = [[{n: np.array(a, dtype=self.dtype, order="C") for n, a in p.items()}
+                        for p in row] for row in grid]
+
+    def load_torch(self, module: Any) -> None:
+        """Copy the weights of a ``torch.nn.RNN/LSTM/GRU`` with the same configuration.
+
+        The module's mode, sizes, ``num_layers`` and ``bidirectional`` must match
+        (``batch_first`` and ``dropout`` do not affect weights); a ``bias=False`` module
+        gives zero biases. Values are cast to the layer's dtype.
+        """
+        mode = self._standard("load_torch")
+        torch_mode = {"rnn_tanh": "RNN_TANH", "rnn_relu": "RNN_RELU", "lstm": "LSTM",
+                      "gru": "GRU"}[mode]
+        got = getattr(module, "mode", None)
+        if got != torch_mode:
+            raise RnncValueError(f"load_torch: expected a torch module of mode {torch_mode!r} "
+                                 f"(this layer is {mode!r}), got "
+                                 f"{type(module).__name__} with mode {got!r}")
+        for attr, want in (("input_size", self.input_size), ("hidden_size", self.hidden_size),
+                           ("num_layers", self.num_layers),
+                           ("bidirectional", self.bidirectional), ("proj_size", 0)):
+            value = getattr(module, attr, want)
+            if value != want:
+                raise RnncValueError(f"load_torch: the module has {attr}={value!r}, this layer "
+                                     f"has {want!r}")
+        sd = {n: t.detach().cpu().numpy() for n, t in module.state_dict().items()}
+        self._set_params(W.torch_state_dict_to_layers(mode, sd, self.num_layers,
+                                                      self.bidirectional))
+
+    def to_torch(self, **kwargs: Any) -> Any:
+        """Return a new ``torch.nn.RNN/LSTM/GRU`` holding this layer's weights (bit-exact).
+
+        The module has this layer's sizes, ``batch_first``, ``dropout`` and dtype;
+        ``kwargs`` go to its constructor (e.g. ``device``).
+        """
+        mode = self._standard("to_torch")
+        import torch
+
+        cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}.get(mode, torch.nn.RNN)
+        if mode.startswith("rnn_"):
+            kwargs.setdefault("nonlinearity", mode[4:])
+        dtype = torch.float64 if self.dtype == np.float64 else torch.float32
+        module = cls(self.input_size, self.hidden_size, num_layers=self.num_layers,
+                     bidirectional=self.bidirectional, batch_first=self.batch_first,
+                     dropout=self.dropout, dtype=dtype, **kwargs)
+        sd = W.layers_to_torch_state_dict(mode, self.params)
+        with torch.no_grad():
+            module.load_state_dict({n: torch.from_numpy(a) for n, a in sd.items()})
+        return module
+
+    @property
+    def flat_weights(self) -> np.ndarray:
+        """Every parameter in one new 1-D array, in cuDNN's canonical order.
+
+        Pseudo-layers in the order layer 0 forward, layer 0 reverse, layer 1 forward, ...;
+        for the standard modes each is ``weight_ih (G*H, in)``, ``weight_hh (G*H, H)``,
+        ``bias_ih``, ``bias_hh`` row-major with PyTorch's gate order (``rnnc.weights``
+        documents it; it is ``torch.cat([w.reshape(-1) for w in module._flat_weights])``).
+        For a custom cell each pseudo-layer is its parameters in declaration order, raveled.
+        """
+        if isinstance(self.mode, str):
+            return W.to_flat(self.mode, self.params)
+        return np.concatenate([p[n].reshape(-1) for row in self.params for p in row for n in p])
+
+    def load_flat(self, flat: Any) -> None:
+        """Load parameters from a buffer in the order of ``flat_weights``."""
+        arr = np.asarray(flat)
+        if isinstance(self.mode, str):
+            self._set_params(W.from_flat(self.mode, arr, self.input_size, self.hidden_size,
+                                         self.num_layers, self.bidirectional))
+            return
+        want = sum(p[n].size for row in self.params for p in row for n in p)
+        if arr.ndim != 1 or arr.shape[0] != want:
+            raise RnncValueError(f"flat must be a 1-D array of length {want}, got shape "
+                                 f"{arr.shape}")
+        grid, pos = [], 0
+        for row in self.params:
+            new_row = []
+            for p in row:
+                new = {}
+                for n, a in p.items():
+                    new[n] = arr[pos:pos + a.size].reshape(a.shape)
+                    pos += a.size
+                new_row.append(new)
+            grid.append(new_row)
+        self._set_params(grid)
+
+    def _single(self, what: str) -> str:
+        mode = self._standard(what)
+        if self.num_layers != 1 or self.bidirectional:
+            raise RnncValueError(f"{what} needs a single-layer, unidirectional layer; this one "
+                                 f"has num_layers={self.num_layers}, "
+                                 f"bidirectional={self.bidirectional}")
+        return mode
+
+    def load_keras(self, kernel: Any, recurrent_kernel: Any, bias: Any = None,
+                   reset_after: bool = True) -> None:
+        """Load Keras ``SimpleRNN/LSTM/GRU`` weights (``layer.get_weights()``).
+
+        Keras gates are reordered as ``rnnc.weights`` documents; ``reset_after`` must be
+        True for GRU, the variant this layer's GRU cell (PyTorch's) computes.
+        """
+        mode = self._single("load_keras")
+        if mode == "gru" and not reset_after:
+            raise RnncValueError("load_keras: a reset_after=False Keras GRU is not the cell of "
+                                 "mode 'gru'; use the cell factory rnnc.cells.STANDARD['gru_v3']")
+        params = W.from_keras(mode, kernel, recurrent_kernel, bias, reset_after)
+        self._check_keras_sizes(params)
+        self._set_params([[params]])
+
+    def _check_keras_sizes(self, params: Params) -> None:
+        first = params[W.input_weight_names(self._standard("load_keras"))[0]]
+        if first.shape != (self.input_size, self.hidden_size):
+            raise RnncValueError(f"load_keras: kernel is for input_size={first.shape[0]}, "
+                                 f"hidden_size={first.shape[1]}; this layer has "
+                                 f"{self.input_size}, {self.hidden_size}")
+
+    def to_keras(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Return Keras ``(kernel, recurrent_kernel, bias)`` (GRU: ``reset_after=True``)."""
+        mode = self._single("to_keras")
+        return W.to_keras(mode, self.params[0][0], reset_after=True)
+
+    def __repr__(self) -> str:
+        mode = self.mode if isinstance(self.mode, str) else getattr(self.mode, "__name__", "cell")
+        return (f"rnnc.RNN({mode!r}, {self.input_size}, {self.hidden_size}, "
+                f"num_layers={self.num_layers}, bidirectional={self.bidirectional}, "
+                f"dropout={self.dropout}, batch_first={self.batch_first}, "
+                f"backend={self.backend!r})")
+
+
+__all__ = ["RNN", "LayerGrads", "LayerTape", "fastest_backend"]
