@@ -33,12 +33,9 @@ def register(name: str) -> Callable[[Pass], Pass]:
 
 
 def _load() -> None:
+    # Imported on first use: each pass module imports this one to register itself.
     for mod in _MODULES:
-        try:
-            importlib.import_module(f"rnnc.passes.{mod}")
-        except ModuleNotFoundError as err:
-            if err.name != f"rnnc.passes.{mod}":
-                raise
+        importlib.import_module(f"rnnc.passes.{mod}")
 
 
 # The passes every mode shares, run before autodiff so that backward sees fused gates.
@@ -59,9 +56,7 @@ def pipeline(mode: str, masked: bool = False) -> tuple[str, ...]:
     """The pass names run for ``mode``; variable lengths put mask-lengths first."""
     if mode not in PIPELINES:
         raise RnncValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    _load()
-    names = (("mask-lengths",) if masked else ()) + PIPELINES[mode]
-    return tuple(n for n in names if n in PASSES or n.startswith("autodiff"))
+    return (("mask-lengths",) if masked else ()) + PIPELINES[mode]
 
 
 def run(program: Program, names: Iterable[str], callback: Callback | None = None) -> Program:

@@ -1,0 +1,76 @@
+"""Graph-rewriting helpers shared by the passes: node copies, fresh names, dead-code removal."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from rnnc import ops
+from rnnc.ir import ARG, FUSED, GET, Graph, Program
+
+
+def copy_node(dst: Graph, src: Graph, nid: int, inputs: Iterable[int], origin: str) -> int:
+    """Re-create node ``nid`` of ``src`` in ``dst`` over ``inputs`` (its type re-inferred)."""
+    node = src.node(nid)
+    assert node.op not in (ARG, FUSED, GET), node
+    return dst.add(node.op, inputs, dict(node.attrs), origin=origin, loc=node.loc)
+
+
+def env_names(p: Program) -> set[str]:
+    """Every name the program's environment can hold."""
+    s = p.scan
+    names = set(p.args) | set(p.pre.outputs) | set(p.post.outputs)
+    names |= set(s.stacked) | set(s.summed) | {c.name for c in s.carries}
+    names |= {c.final for c in s.carries if c.final} | set(s.body.args())
+    for g in p.graphs():
+        names |= set(g.args())
+    return names
+
+
+def fresh(taken: set[str], prefix: str) -> str:
+    """The first ``prefix.N`` not in ``taken`` (added to it)."""
+    k = 0
+    while f"{prefix}.{k}" in taken:
+        k += 1
+    taken.add(f"{prefix}.{k}")
+    return f"{prefix}.{k}"
+
+
+def arg_of(g: Graph, name: str, shape: tuple, role: str, origin: str) -> int:
+    """The input node of ``g`` named ``name``, made if missing."""
+    have = g.args().get(name)
+    return have if have is not None else g.arg(name, shape, role, origin)
+
+
+def remove_dead(g: Graph, keep_args: Iterable[str] = ()) -> None:
+    """Delete nodes no output needs, keeping the inputs named in ``keep_args``."""
+    keep = set(keep_args)
+    for n in sorted(g.dead_code(keep_args=False)):
+        node = g.node(n)
+        if node.op is ARG and node.attrs["name"] in keep:
+            continue
+        g.remove(n)
+
+
+def is_row_contraction(g: Graph, nid: int) -> bool:
+    """A matmul[transpose_a] or sum_rows of per-step values: a sum over the batch rows."""
+    node = g.node(nid)
+    if node.op is ops.matmul and node.attrs.get("transpose_a"):
+        return per_step(g.node(node.inputs[0]).shape)
+    if node.op is ops.sum_rows:
+        return per_step(g.node(node.inputs[0]).shape)
+    return False
+
+
+def per_step(shape: tuple) -> bool:
+    """Whether a body value of ``shape`` varies over the batch (leading "B")."""
+    return len(shape) > 0 and shape[0] == "B"
+
+
+def constant_value(g: Graph, nid: int) -> float | None:
+    node = g.node(nid)
+    return float(node.attrs["value"]) if node.op is ops.constant else None
+
+
+def ordered(items: Mapping[str, object], order: Iterable[str]) -> list[str]:
+    """The keys of ``items`` in the order of ``order``."""
+    return [n for n in order if n in items]
