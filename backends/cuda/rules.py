@@ -1,0 +1,219 @@
+"""CUDA rules: one C expression per primitive, rendered at one element of the result.
+
+A rule receives a :class:`Site`, the place in a kernel where one element of a node's result is
+computed, and returns a C expression for that element. ``site.at(i)`` is operand ``i`` at the
+same element (after broadcasting), ``site.at(i, col=...)`` at another column, and
+``site.loop(count, term)`` accumulates ``term(k)`` over ``k < count`` (reductions). Operands are
+emitted as named temporaries before the expression that uses them, so evaluation order is the
+rule's reading order.
+
+The renderers follow tinygrad's ``cstyle``: :class:`CStyleRenderer` knows C (types, literals,
+math function names, small helper functions) and :class:`CudaRenderer` overrides only what
+differs on the GPU (qualifiers, the fast ``__expf`` inside sigmoid).
+
+Numerics, chosen to match the NumPy reference without fast-math flags:
+
+- ``sigmoid`` splits on the sign like the reference, ``e = exp(-|x|)``, ``x >= 0 ? 1/(1+e) :
+  e/(1+e)``: never overflows, is exactly 0 or 1 at saturation and NaN only for NaN input. On
+  the GPU the float version uses ``__expf`` (2 ulp, its argument is never positive so it
+  cannot overflow; results below the float normal range flush to 0). Double uses ``exp``.
+- ``tanh`` is ``tanhf``/``tanh``: saturates to ±1 and is accurate near 0, where the
+  ``1 - 2/(exp(2x)+1)`` shortcut cancels.
+- ``rsqrt`` is ``1 / sqrt(x)`` (correctly rounded, like the reference); ``relu`` keeps NaN
+  like ``np.maximum``; ``where`` tests ``c > 0`` like the reference.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Protocol
+
+from rnnc import ops
+
+
+class Site(Protocol):
+    """Where a rule renders: one element of one node's result inside a kernel."""
+
+    r: CStyleRenderer
+    attrs: dict
+    arity: int
+    col: str
+    row: str
+
+    def at(self, i: int, row: str | None = None, col: str | None = None) -> str:
+        """Operand ``i`` at this element, or at ``row``/``col`` of the operand's own shape."""
+
+    def width(self, i: int) -> int:
+        """The last dimension of operand ``i`` (1 for a scalar)."""
+
+    def rows(self, i: int) -> str:
+        """The number of rows of operand ``i`` (the product of its leading dims) as C."""
+
+    def loop(self, count: str, term: Callable[[str], str]) -> str:
+        """A temporary holding the sum of ``term(k)`` for ``k`` in ``0..count``."""
+
+
+class CStyleRenderer:
+    """C for one floating type (``"f32"`` or ``"f64"``): literals, calls, helper functions."""
+
+    qualifier = "static inline"
+    functions = ("exp", "log", "tanh", "sqrt")
+
+    def __init__(self, dtype: str) -> None:
+        assert dtype in ("f32", "f64"), dtype
+        self.dtype = dtype
+        self.ctype = "float" if dtype == "f32" else "double"
+        self.zero = self.literal(0.0)
+        self.one = self.literal(1.0)
+
+    def literal(self, value: float) -> str:
+        """``value`` as a C literal of this type, exact for the type (inf/NaN as 1/0, 0/0)."""
+        value = float(value)
+        suffix = "f" if self.dtype == "f32" else ""
+        if math.isnan(value) or math.isinf(value):
+            numerator = "0.0" if math.isnan(value) else "1.0" if value > 0 else "-1.0"
+            return f"({numerator}{suffix} / 0.0{suffix})"
+        text = _floatish(f"{value:.9g}" if self.dtype == "f32" else repr(value)) + suffix
+        return f"({text})" if value < 0 else text
+
+    def call(self, function: str, *args: str) -> str:
+        """A math function call: ``exp`` is ``expf`` for float; helpers are overloaded."""
+        if function in self.functions and self.dtype == "f32":
+            function += "f"
+        elif function not in self.functions:
+            function = f"rnnc_{function}"
+        return f"{function}({', '.join(args)})"
+
+    def exp_in_sigmoid(self, x: str) -> str:
+        """exp(x) for x <= 0 inside sigmoid."""
+        return self.call("exp", x)
+
+    def prelude(self) -> str:
+        """Helper functions the rules call, for this type."""
+        t, q = self.ctype, self.qualifier
+        fabs = "fabsf" if self.dtype == "f32" else "fabs"
+        return (
+            f"{q} {t} rnnc_sigmoid({t} x) {{\n"
+            f"    const {t} e = {self.exp_in_sigmoid(f'-{fabs}(x)')};\n"
+            f"    const {t} s = {self.one} / ({self.one} + e);\n"
+            f"    return x >= {self.zero} ? s : e * s;\n"
+            f"}}\n"
+            f"{q} long long rnnc_clamp(long long v, long long lo, long long hi) {{\n"
+            f"    return v < lo ? lo : (v > hi ? hi : v);\n"
+            f"}}\n"
+            f"{q} long long rnnc_max(long long a, long long b) {{ return a > b ? a : b; }}\n"
+        )
+
+
+class CudaRenderer(CStyleRenderer):
+    """CUDA C: device helpers, and the fast exponential where it is safe."""
+
+    qualifier = "__device__ __forceinline__"
+
+    def exp_in_sigmoid(self, x: str) -> str:
+        # __expf of a non-positive argument cannot overflow; 2 ulp is far below the tolerance.
+        return f"__expf({x})" if self.dtype == "f32" else f"exp({x})"
+
+
+def _floatish(text: str) -> str:
+    """A decimal that C reads as floating point: ``1`` becomes ``1.0``."""
+    return text if any(c in text for c in ".eEn") else text + ".0"
+
+
+def _binary(symbol: str) -> Callable[[Site], str]:
+    return lambda s: f"({s.at(0)} {symbol} {s.at(1)})"
+
+
+def _function(name: str) -> Callable[[Site], str]:
+    return lambda s: s.r.call(name, s.at(0))
+
+
+def _relu(s: Site) -> str:
+    x = s.at(0)
+    return f"({x} < {s.r.zero} ? {s.r.zero} : {x})"
+
+
+def _where(s: Site) -> str:
+    return f"({s.at(0)} > {s.r.zero} ? {s.at(1)} : {s.at(2)})"
+
+
+def _shift(col: str, offset: int) -> str:
+    return col if offset == 0 else f"({col} - {offset})"
+
+
+def _clamped(col: str, offset: int, width: int) -> str:
+    # Both branches of a select are computed, so every read stays inside its operand.
+    return f"rnnc_clamp({_shift(col, offset)}, 0LL, {width - 1}LL)"
+
+
+def _slice(s: Site) -> str:
+    start = s.attrs["start"]
+    return s.at(0, col=s.col if start == 0 else f"({s.col} + {start})")
+
+
+def _pad(s: Site) -> str:
+    before, n = s.attrs["before"], s.width(0)
+    inside = s.at(0, col=_clamped(s.col, before, n))
+    return f"(({s.col} >= {before} && {s.col} < {before + n}) ? {inside} : {s.r.zero})"
+
+
+def _concat(s: Site) -> str:
+    pieces, offset = [], 0
+    for i in range(s.arity):
+        pieces.append((offset + s.width(i), s.at(i, col=_clamped(s.col, offset, s.width(i)))))
+        offset += s.width(i)
+    expr = pieces[-1][1]
+    # Select the piece whose column range holds col: col < stop_0 ? v_0 : col < stop_1 ? ...
+    for stop, value in reversed(pieces[:-1]):
+        expr = f"({s.col} < {stop} ? {value} : {expr})"
+    return expr
+
+
+def _sum(s: Site) -> str:
+    return s.loop(str(s.width(0)), lambda k: s.at(0, col=k))
+
+
+def _mean(s: Site) -> str:
+    return f"({_sum(s)} / {s.r.literal(s.width(0))})"
+
+
+def _sum_rows(s: Site) -> str:
+    return s.loop(s.rows(0), lambda k: s.at(0, row=k, col=s.col))
+
+
+def _matmul(s: Site) -> str:
+    # The element-level meaning of matmul; codegen sends GEMMs to cuBLAS instead.
+    if s.attrs.get("transpose_a"):
+        return s.loop(s.rows(0), lambda k: f"({s.at(0, row=k, col=s.row)} * "
+                                           f"{s.at(1, row=k, col=s.col)})")
+    if s.attrs.get("transpose_b"):
+        return s.loop(str(s.width(0)), lambda k: f"({s.at(0, col=k)} * "
+                                                 f"{s.at(1, row=s.col, col=k)})")
+    return s.loop(str(s.width(0)), lambda k: f"({s.at(0, col=k)} * {s.at(1, row=k, col=s.col)})")
+
+
+RULES: dict[ops.Op, Callable[[Site], str]] = {
+    ops.add: _binary("+"),
+    ops.sub: _binary("-"),
+    ops.mul: _binary("*"),
+    ops.div: _binary("/"),
+    ops.neg: lambda s: f"(-{s.at(0)})",
+    ops.exp: _function("exp"),
+    ops.log: _function("log"),
+    ops.tanh: _function("tanh"),
+    ops.sigmoid: _function("sigmoid"),
+    ops.relu: _relu,
+    ops.sqrt: _function("sqrt"),
+    ops.rsqrt: lambda s: f"({s.r.one} / {s.r.call('sqrt', s.at(0))})",
+    ops.where: _where,
+    ops.matmul: _matmul,
+    ops.concat: _concat,
+    ops.slice_: _slice,
+    ops.pad: _pad,
+    ops.sum_: _sum,
+    ops.mean: _mean,
+    ops.expand: lambda s: s.at(0, col="0"),
+    ops.sum_rows: _sum_rows,
+    ops.constant: lambda s: s.r.literal(s.attrs["value"]),
+}
