@@ -1,0 +1,84 @@
+"""GFLOP/s of every installed BLAS at the GEMM shapes of BENCHMARKS.md.
+
+``python benchmarks/gemm_shapes.py [--threads N] [--reps 20] [--shapes 64x512x2048,...]``
+prints one row per M x K x N shape and one column per library found by
+``rnnc.backends.llvm.blas.available()`` (OpenBLAS, MKL, SciPy's BLAS), plus NumPy's
+``matmul`` for reference. The row-major product is C (M x N) = A (M x K) @ B (K x N).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+from rnnc.backends.llvm import blas as blas_lib
+
+SHAPES = ((2048, 2048, 2048), (6400, 512, 2048), (64, 512, 2048), (16, 256, 1024),
+          (1, 256, 1024), (1, 512, 2048))
+
+
+def parse_shapes(text: str) -> tuple[tuple[int, int, int], ...]:
+    """'64x512x2048,1x256x1024' -> ((64, 512, 2048), (1, 256, 1024))."""
+    shapes = []
+    for item in text.split(","):
+        m, k, n = (int(v) for v in item.lower().split("x"))
+        shapes.append((m, k, n))
+    return tuple(shapes)
+
+
+def median_seconds(call, reps: int, budget_s: float = 2.0) -> float:
+    """Median of ``reps`` timed calls after two warm-up calls (fewer if over budget)."""
+    call()
+    call()
+    times: list[float] = []
+    deadline = time.perf_counter() + budget_s
+    while len(times) < reps and (len(times) < 3 or time.perf_counter() < deadline):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def gemm_call(library: blas_lib.Blas, a: np.ndarray, b: np.ndarray, c: np.ndarray):
+    """A no-argument call computing c = a @ b through ``library``."""
+    (m, k), n = a.shape, b.shape[1]
+    return lambda: blas_lib.call_gemm_ctypes(library, False, False, m, n, k, 1.0, a, k, b, n,
+                                             0.0, c, n)
+
+
+def gflops(m: int, k: int, n: int, seconds: float) -> float:
+    return 2.0 * m * k * n / seconds / 1e9
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--shapes", type=parse_shapes, default=SHAPES,
+                        help="comma-separated MxKxN (default: BENCHMARKS.md's)")
+    args = parser.parse_args()
+    libraries = blas_lib.available()
+    if not libraries:
+        raise SystemExit("no BLAS found: pip install scipy-openblas32 (or mkl)")
+    for library in libraries.values():
+        blas_lib.set_threads(args.threads, library)
+    names = list(libraries) + ["numpy"]
+    header = f"{'M x K x N':>18} " + " ".join(f"{name:>10}" for name in names)
+    print(f"GFLOP/s, float32, {args.threads} threads (NumPy's BLAS keeps its own threads)")
+    print(header)
+    rng = np.random.default_rng(0)
+    for m, k, n in args.shapes:
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        b = rng.standard_normal((k, n)).astype(np.float32)
+        c = np.zeros((m, n), np.float32)
+        calls = [gemm_call(library, a, b, c) for library in libraries.values()]
+        calls.append(lambda a=a, b=b, c=c: np.matmul(a, b, out=c))
+        cells = [gflops(m, k, n, median_seconds(call, args.reps)) for call in calls]
+        print(f"{f'{m}x{k}x{n}':>18} " + " ".join(f"{v:10.1f}" for v in cells), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
