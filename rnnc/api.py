@@ -21,7 +21,11 @@ NP = {"f32": np.float32, "f64": np.float64}
 
 @dataclass
 class Tape:
-    """What a training forward saved for backward. Usable any number of times."""
+    """What a training forward saved for backward. Usable any number of times.
+
+    Like PyTorch's saved tensors, a tape refers to the caller's input and parameter arrays
+    (the values rnnc saved itself are read-only): changing those in place between forward
+    and backward gives wrong gradients."""
 
     owner: Function
     dtype: str
@@ -161,6 +165,8 @@ class Function:
         program = self.program("forward", dtype, lens is not None)
         saved = {n: res[n] for n in program.results if n not in ys and n not in
                  {final_name(s) for s in self.states}}
+        for arr in saved.values():  # backward may run many times: nothing may change them
+            arr.flags.writeable = False
         env.update(saved)
         return ys, st, Tape(self, dtype, T, B, env, lens)
 
