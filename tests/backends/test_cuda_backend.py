@@ -19,7 +19,7 @@ from rnnc.backends.cuda.runtime import CudaBackend
 from rnnc.backends.numpy.runtime import run_program
 
 import rnnc
-from rnnc import ops, passes
+from rnnc import ops
 from rnnc.composites import layer_norm
 from rnnc.errors import BackendUnavailable, RnncValueError
 from rnnc.ir import Carry, Graph, Program, Scan, Type, verify
@@ -125,14 +125,6 @@ def test_inference_matches_numpy(name: str, dtype: str, emulate: bool) -> None:
         assert ys["y"].dtype == NP[dtype] and isinstance(ys["y"], np.ndarray)
 
 
-def autodiff_reason() -> str | None:
-    passes.pipeline("forward")  # loads every pass that exists
-    if "autodiff-forward" in passes.PASSES and "autodiff-backward" in passes.PASSES:
-        return None
-    return "the autodiff passes (autodiff-forward/-backward) are not registered yet"
-
-
-@pytest.mark.skipif(autodiff_reason() is not None, reason=str(autodiff_reason()))
 @pytest.mark.parametrize("emulate", EMULATE)
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
 @pytest.mark.parametrize("name", ["lstm", "gru", "gru_v3", "mgu", "layer_norm"])
