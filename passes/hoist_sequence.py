@@ -55,10 +55,10 @@ def _hoist(p: Program) -> Program:
         if all(i in moving or body.node(i).op in (ARG, ops.constant) for i in node.inputs):
             movable.append(node.id)
             moving.add(node.id)
-    # Per-step elementwise work is worth hoisting only next to a GEMM (feeding a hoisted matmul,
-    # or consuming one, like `x@W + b`): a chain that only reads loop inputs (backward's
-    # `y*(1-y)` on saved values) would turn a fused in-loop computation into whole sequences
-    # written to and read back from memory.
+    # Per-step elementwise work is hoisted only when a hoisted GEMM needs it. Elsewhere it
+    # costs less in the loop, fused with the step's other elementwise work: hoisted, a bias
+    # add after the input projection (`x@W + b`) or backward's `y*(1-y)` on saved values would
+    # write whole (T, B, n) sequences and read them back.
     candidates = set(movable)
     feeds_gemm: set[int] = set()
     for nid in reversed(movable):
@@ -68,8 +68,7 @@ def _hoist(p: Program) -> Program:
     moved: set[int] = set()
     for nid in movable:
         node = body.node(nid)
-        heavy_input = any(i in moved and per_step(body.node(i).shape) for i in node.inputs)
-        if not per_step(node.shape) or nid in feeds_gemm or heavy_input:
+        if not per_step(node.shape) or nid in feeds_gemm:
             if all(i in moved or body.node(i).op in (ARG, ops.constant) for i in node.inputs):
                 moved.add(nid)
     movable = [n for n in movable if n in moved]
