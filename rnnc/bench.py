@@ -701,7 +701,8 @@ def _rnnc_blas(backend: str) -> str:
     try:
         from rnnc.backends.llvm import blas
 
-        return ", ".join(blas.available()) + " (first is the default)"
+        names = [b.name for b in blas.same_convention(blas.get())]
+        return ", ".join(names) + (" (chosen per GEMM shape)" if len(names) > 1 else "")
     except Exception as err:  # noqa: BLE001 - informational only
         return f"unknown ({err})"
 

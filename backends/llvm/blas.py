@@ -46,6 +46,7 @@ __all__ = [
     "emit_gemm_call",
     "gemm_function_type",
     "get",
+    "same_convention",
     "set_threads",
 ]
 
@@ -200,30 +201,44 @@ def _load_mkl() -> Blas | None:
 
 
 @cache
+def _load(name: str) -> Blas | None:
+    # Loading a library starts its thread pool, so nothing is loaded before it is asked for.
+    loader = {"openblas": _load_openblas, "mkl": _load_mkl, "scipy": _load_scipy}.get(name)
+    return loader() if loader is not None else None
+
+
 def available() -> dict[str, Blas]:
     """Return every BLAS that is installed and loads, by name, in preference order."""
-    found = {}
-    for load in (_load_openblas, _load_mkl, _load_scipy):
-        blas = load()
-        if blas is not None:
-            found[blas.name] = blas
-    return {name: found[name] for name in PREFERENCE if name in found}
+    found = {name: _load(name) for name in PREFERENCE}
+    return {name: blas for name, blas in found.items() if blas is not None}
 
 
 def get(name: str | None = None) -> Blas:
     """Return the named BLAS, or the preferred installed one when name is None."""
-    libraries = available()
     if name is None:
-        if not libraries:
-            raise ValueError(
-                "no BLAS library found; install scipy-openblas32 (pip install scipy-openblas32)"
-            )
-        return next(iter(libraries.values()))
-    if name not in libraries:
+        for candidate in PREFERENCE:
+            if _load(candidate) is not None:
+                return _load(candidate)
         raise ValueError(
-            f"unknown or unavailable BLAS {name!r}; available: {sorted(libraries) or 'none'}"
+            "no BLAS library found; install scipy-openblas32 (pip install scipy-openblas32)"
         )
-    return libraries[name]
+    blas = _load(name)
+    if blas is None:
+        raise ValueError(
+            f"unknown or unavailable BLAS {name!r}; available: {sorted(available()) or 'none'}"
+        )
+    return blas
+
+
+def same_convention(blas: Blas) -> list[Blas]:
+    """The installed libraries callable like ``blas`` (the per-shape choice is among these).
+
+    SciPy's Fortran-convention BLAS joins only when it is the one asked for: loading it
+    starts another thread pool.
+    """
+    names = [n for n in PREFERENCE if n != "scipy"] if blas.convention == "cblas" else ["scipy"]
+    found = [_load(n) for n in names]
+    return [b for b in found if b is not None and b.convention == blas.convention]
 
 
 def set_threads(n: int, blas: Blas | str | None = None) -> None:

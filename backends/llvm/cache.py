@@ -131,7 +131,9 @@ def _decode(data: bytes) -> tuple[Plan, bytes] | None:
     meta = json.loads(payload[8:8 + meta_len])
     plan = Plan(meta["dtype"], tuple((n, tuple(s)) for n, s in meta["args"]),
                 tuple((n, tuple(s)) for n, s in meta["results"]),
-                [tuple(s) for s in meta["slots"]])
+                [tuple(s) for s in meta["slots"]],
+                [(bool(ta), bool(tb), tuple(tuple(d) for d in sizes))
+                 for ta, tb, sizes in meta["gemms"]])
     return plan, payload[8 + meta_len:]
 
 

@@ -2,10 +2,11 @@
 
 The function is ``void rnnc_run(i8** buffers, i64 T, i64 B, i8* gemm)``. ``buffers`` holds one
 pointer per array, in the order of the :class:`Plan`: the program's args (``program.args``
-order), then its results (``program.results`` order), then workspace slots. ``gemm`` is the
-address of the BLAS ``sgemm``/``dgemm`` (a :mod:`rnnc.backends.llvm.blas` library; its
-convention is fixed at code generation). Every buffer is C-contiguous of the program's dtype;
-the runtime computes each slot's size from its symbolic shape.
+order), then its results (``program.results`` order), then workspace slots. ``gemm`` points
+to one BLAS ``sgemm``/``dgemm`` address per GEMM call site (``Plan.gemms``), chosen by the
+runtime per shape among libraries of one calling convention, fixed at code generation.
+Every buffer is C-contiguous of the program's dtype; the runtime computes each slot's size
+from its symbolic shape.
 
 Every node gets its own buffer, except that a node whose value is a graph output is written
 straight into the output's destination: a result buffer (when no later stage rewrites that
@@ -47,6 +48,9 @@ class Plan:
     args: tuple[tuple[str, tuple], ...]
     results: tuple[tuple[str, tuple], ...]
     slots: list[tuple] = field(default_factory=list)
+    # One entry per GEMM call site: (transpose_a, transpose_b, (m, n, k)), each size a tuple
+    # of dims whose product it is. The runner fills one BLAS address per site.
+    gemms: list[tuple] = field(default_factory=list)
 
 
 def env_shapes(program: Program) -> dict[str, tuple]:

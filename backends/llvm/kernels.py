@@ -332,16 +332,21 @@ def emit_small_gemm(ctx: Any, rows: ir.Value, a: Buffer, w: Buffer, out: Buffer)
     kernel.finish((rows, ctx.B))
 
 
-def emit_gemm(ctx: Any, transa: bool, transb: bool, m: ir.Value, n: Any, k: Any,
+def emit_gemm(ctx: Any, transa: bool, transb: bool, sizes: tuple, m: ir.Value, n: Any, k: Any,
               a: ir.Value, lda: Any, b_: ir.Value, ldb: Any, c: ir.Value, ldc: Any) -> None:
-    """Row-major ``C = op(A) @ op(B)`` through the BLAS whose address is ``ctx.gemm``.
+    """Row-major ``C = op(A) @ op(B)`` through the BLAS the runner chose for this call site.
 
-    The address arrives as an argument of ``rnnc_run`` rather than as a constant so that
-    cached object code stays valid in another process, where the library loads elsewhere.
+    ``ctx.gemm`` points to a table with one GEMM address per site, filled by the runner for
+    each (T, B) (``sizes`` are the site's symbolic m, n, k): so each shape can use the fastest
+    installed library, and cached object code stays valid in another process, where the
+    libraries load elsewhere.
     """
     b = ctx.builder
+    site = len(ctx.plan.gemms)
+    ctx.plan.gemms.append((transa, transb, sizes))
     fnty = blas.gemm_function_type(ctx.blas.convention, ctx.np_dtype)
-    fn = b.bitcast(ctx.gemm, fnty.as_pointer())
+    table = b.bitcast(ctx.gemm, I8P.as_pointer())
+    fn = b.bitcast(b.load(b.gep(table, [ir.Constant(I64, site)])), fnty.as_pointer())
     ptr = ctx.scalar.as_pointer()
 
     def i32(v: Any) -> ir.Value:

@@ -73,10 +73,12 @@ def _matmul(ctx: Any, node: Node, a: Buffer, b: Buffer) -> Buffer:
     if node.attrs.get("transpose_a"):
         # Every leading axis is contracted: (rows, K)^T (rows, N).
         k, n = a.shape[-1], b.shape[-1]
-        emit_gemm(ctx, True, False, ctx.dim(k), n, rows, a.ptr, k, b.ptr, n, out.ptr, n)
+        emit_gemm(ctx, True, False, ((k,), (n,), a.shape[:-1]), ctx.dim(k), n, rows, a.ptr, k,
+                  b.ptr, n, out.ptr, n)
     elif node.attrs.get("transpose_b"):
         n, k = b.shape
-        emit_gemm(ctx, False, True, rows, n, k, a.ptr, k, b.ptr, k, out.ptr, n)
+        emit_gemm(ctx, False, True, (a.shape[:-1], (n,), (k,)), rows, n, k, a.ptr, k, b.ptr, k,
+                  out.ptr, n)
     else:
         k, n = b.shape
         builder = ctx.builder
@@ -85,7 +87,8 @@ def _matmul(ctx: Any, node: Node, a: Buffer, b: Buffer) -> Buffer:
             with few_rows:
                 emit_small_gemm(ctx, rows, a, b, out)
             with many_rows:
-                emit_gemm(ctx, False, False, rows, n, k, a.ptr, k, b.ptr, n, out.ptr, n)
+                emit_gemm(ctx, False, False, (a.shape[:-1], (n,), (k,)), rows, n, k, a.ptr, k,
+                          b.ptr, n, out.ptr, n)
     return out
 
 

@@ -45,12 +45,14 @@ def _resolve(shape: tuple, T: int, B: int) -> tuple[int, ...]:
 class Runner:
     """``runner(env, dims) -> results`` for one compiled program; safe from many threads."""
 
-    def __init__(self, compiled: cache.Compiled, blas: blas_lib.Blas, dtype: str,
+    def __init__(self, compiled: cache.Compiled, libraries: list[blas_lib.Blas], dtype: str,
                  compile_seconds: float) -> None:
         self.compiled = compiled
         self.plan = compiled.plan
         self.dtype = np.dtype(codegen.NP_DTYPES[dtype])
-        self.gemm = blas.gemm_addr(self.dtype)
+        self.libraries = {b.name: b for b in libraries}
+        self._tables: dict[tuple[int, int], np.ndarray] = {}
+        self._tables_lock = threading.Lock()
         self.function = _SIGNATURE(compiled.address)
         self.compile_seconds = compile_seconds
         self._local = threading.local()
@@ -59,6 +61,29 @@ class Runner:
         shapes = [s for _, s in self.plan.args + self.plan.results] + list(self.plan.slots)
         self._widest = max([int(np.prod([d for d in s[:-1] if isinstance(d, int)],
                                         dtype=np.int64)) for s in shapes] + [1])
+
+    def gemm_choice(self, T: int, B: int) -> list[str]:
+        """The library each GEMM site uses at (T, B): the fastest for its shape, measured once
+        per shape (and remembered on disk) when several are installed."""
+        names = sorted(self.libraries)
+        choice = []
+        for _, _, sizes in self.plan.gemms:
+            m, n, k = (int(np.prod(_resolve(d, T, B), dtype=np.int64)) for d in sizes)
+            if len(names) == 1 or min(m, n, k) == 0:
+                choice.append(names[0])
+            else:
+                choice.append(blas_lib.choose(m, n, k, self.dtype, names))
+        return choice
+
+    def _gemm_table(self, T: int, B: int) -> np.ndarray:
+        with self._tables_lock:
+            if (T, B) not in self._tables:
+                addresses = [self.libraries[name].gemm_addr(self.dtype)
+                             for name in self.gemm_choice(T, B)]
+                self._tables[(T, B)] = np.array(addresses or [0], dtype=np.uint64)
+                while len(self._tables) > 16:
+                    self._tables.pop(next(iter(self._tables)))
+            return self._tables[(T, B)]
 
     def _workspace(self, T: int, B: int) -> list[int]:
         """Slot addresses for (T, B), allocated once per shape and per thread."""
@@ -111,8 +136,9 @@ class Runner:
             pointers.append(results[name].ctypes.data)
         pointers.extend(self._workspace(T, B))
         table = np.array(pointers, dtype=np.uint64)
+        gemms = self._gemm_table(T, B)
         # ctypes releases the GIL for the whole sequence.
-        self.function(table.ctypes.data, T, B, self.gemm)
+        self.function(table.ctypes.data, T, B, gemms.ctypes.data)
         return results
 
 
@@ -128,6 +154,9 @@ class LlvmBackend:
             self.blas = blas_lib.get(name)
         except ValueError as err:
             raise BackendUnavailable(f"backend 'llvm': {err}") from None
+        # A named library is used for every GEMM; otherwise each GEMM shape gets the fastest
+        # installed library of the same calling convention.
+        self.libraries = [self.blas] if name else blas_lib.same_convention(self.blas)
         if threads is None:
             env = os.environ.get("RNNC_THREADS")
             if env is not None and not env.strip().isdigit():
@@ -149,9 +178,10 @@ class LlvmBackend:
         # The count is process-wide in every BLAS; set it only when it changes, never while
         # this process might be inside a GEMM for another backend object.
         with _threads_lock:
-            if _threads_set.get(self.blas.name) != self.threads:
-                blas_lib.set_threads(self.threads, self.blas)
-                _threads_set[self.blas.name] = self.threads
+            for library in self.libraries:
+                if _threads_set.get(library.name) != self.threads:
+                    blas_lib.set_threads(self.threads, library)
+                    _threads_set[library.name] = self.threads
 
     def build(self, program: Program) -> Runner:
         """A callable ``(env, dims) -> results`` running ``program`` natively."""
@@ -159,4 +189,4 @@ class LlvmBackend:
         start = time.perf_counter()
         k = cache.key(format_program(program), program.dtype, self.blas.convention)
         compiled = self.cache.get(k, lambda: codegen.lower(program, self.blas))
-        return Runner(compiled, self.blas, program.dtype, time.perf_counter() - start)
+        return Runner(compiled, self.libraries, program.dtype, time.perf_counter() - start)

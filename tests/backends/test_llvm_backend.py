@@ -3,6 +3,7 @@ bad inputs."""
 
 from __future__ import annotations
 
+import json
 import threading
 
 import numpy as np
@@ -156,6 +157,31 @@ def test_every_installed_blas(library: str) -> None:
     close(g.x, g0.x, GRAD_TOL[np.float64])
     for k in g0.params:
         close(g.params[k], g0.params[k], GRAD_TOL[np.float64])
+
+
+def test_each_gemm_shape_gets_a_measured_choice(tmp_path, monkeypatch) -> None:
+    # Two names for the installed library make the per-shape choice measure on any machine.
+    library = blas.get()
+    twin = blas.Blas("twin", library.sgemm_addr, library.dgemm_addr, library.convention)
+    monkeypatch.setattr(blas, "_CHOICES", {})
+    monkeypatch.setattr(blas, "_default_cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(blas, "_load", {library.name: library, "twin": twin}.get)
+    backend = LlvmBackend(cache_dir=False)
+    backend.libraries = [library, twin]
+    cell = CELLS["lstm"](3, 5)
+    fn, ref = rnnc.Function(cell, "numpy"), rnnc.Function(cell, "numpy")
+    fn.backend = backend
+    x, params, states = data(cell, 6, 4, np.float64, seed=5)
+    close(fn(x, params, states=states)[0]["y"], ref(x, params, states=states)[0]["y"],
+          TOL[np.float64])
+    runner = fn._runner("inference", "f64", False)
+    choice = runner.gemm_choice(6, 4)
+    assert len(choice) == len(runner.plan.gemms) >= 2  # the input projection and the step
+    assert set(choice) <= {library.name, "twin"}
+    stored = json.loads((tmp_path / "blas.json").read_text())
+    # One measured entry per distinct (m, n, k): (T*B, 4H, I) and (B, 4H, H).
+    names = ",".join(sorted([library.name, "twin"]))
+    assert sorted(stored) == [f"float64:24x20x3:{names}", f"float64:4x20x5:{names}"]
 
 
 def _fused_program(reverse: bool) -> Program:

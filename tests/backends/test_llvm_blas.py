@@ -213,7 +213,7 @@ def test_choose_measures_once_and_caches_on_disk(tmp_path, monkeypatch) -> None:
     library = blas.get()
     # Two names for the same library exercise the measuring path on any machine.
     twin = blas.Blas("twin", library.sgemm_addr, library.dgemm_addr, library.convention)
-    monkeypatch.setattr(blas, "available", lambda: {library.name: library, "twin": twin})
+    monkeypatch.setattr(blas, "_load", {library.name: library, "twin": twin}.get)
     monkeypatch.setattr(blas, "_CHOICES", {})
     measured = []
     real_time = blas._time_gemm
