@@ -13,6 +13,7 @@ import statistics
 import time
 
 import numpy as np
+
 from rnnc.backends.llvm import blas as blas_lib
 
 SHAPES = ((2048, 2048, 2048), (6400, 512, 2048), (64, 512, 2048), (16, 256, 1024),

@@ -26,11 +26,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from rnnc.passes import register
-
 from rnnc import ops
 from rnnc.errors import RnncValueError
 from rnnc.ir import ARG, Carry, Graph, Program, Scan, Type
+from rnnc.passes import register
 
 ORIGIN = "autodiff"
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
-from rnnc.passes import register
-from rnnc.passes._rewrite import constant_value, remove_dead
 
 from rnnc import ops
 from rnnc.ir import ARG, FUSED, GET, Graph, Program
+from rnnc.passes import register
+from rnnc.passes._rewrite import constant_value, remove_dead
 
 ORIGIN = "canonicalize"
 

@@ -20,11 +20,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from rnnc.passes import register
-from rnnc.passes._rewrite import copy_node
-
 from rnnc import ops
 from rnnc.ir import ARG, Graph, Program
+from rnnc.passes import register
+from rnnc.passes._rewrite import copy_node
 
 ORIGIN = "fuse-elementwise"
 

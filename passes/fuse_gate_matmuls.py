@@ -16,11 +16,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from rnnc.passes import register
-
 from rnnc import ops
 from rnnc.ir import ARG, Graph, Program, Type
 from rnnc.layout import Block
+from rnnc.passes import register
 
 ORIGIN = "fuse-gate-matmuls"
 

@@ -21,11 +21,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from rnnc.passes import register
-from rnnc.passes._rewrite import copy_node, env_names, fresh, is_row_contraction, per_step
-
 from rnnc import ops
 from rnnc.ir import ARG, FUSED, GET, Graph, Program, Type
+from rnnc.passes import register
+from rnnc.passes._rewrite import copy_node, env_names, fresh, is_row_contraction, per_step
 
 ORIGIN = "hoist-sequence"
 

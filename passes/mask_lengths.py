@@ -19,11 +19,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from rnnc.passes import register
-from rnnc.passes._rewrite import arg_of
-
 from rnnc import ops
 from rnnc.ir import Program, Type
+from rnnc.passes import register
+from rnnc.passes._rewrite import arg_of
 
 ORIGIN = "mask-lengths"
 

@@ -36,9 +36,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rnnc.backends.cuda.rules import RULES, CudaRenderer
-
 from rnnc import ops
+from rnnc.backends.cuda.rules import RULES, CudaRenderer
 from rnnc.ir import ARG, FUSED, GET, Graph, Node, Program, Shape
 
 BLOCK = 256  # threads per block; one-thread-per-element kernels do not need tuning here

@@ -29,9 +29,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-from rnnc.backends.cuda.codegen import BLOCK, Gemm, Launch, Module, render
 
 from rnnc import ops
+from rnnc.backends.cuda.codegen import BLOCK, Gemm, Launch, Module, render
 from rnnc.errors import BackendUnavailable, RnncValueError
 from rnnc.ir import ARG, GET, Graph, Program
 

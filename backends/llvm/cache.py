@@ -22,6 +22,7 @@ from pathlib import Path
 
 import llvmlite
 import llvmlite.binding as llvm
+
 from rnnc.backends.llvm.codegen import ENTRY, Plan
 
 MAGIC = b"RNNC-LLVM-OBJ-1\n"

@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 from llvmlite import ir
+
+from rnnc import ops
 from rnnc.backends.llvm.blas import Blas
 from rnnc.backends.llvm.kernels import I8P, I64, Buffer, emit_accumulate, emit_region, numel
 from rnnc.backends.llvm.rules import RULES, SCALAR
-
-from rnnc import ops
 from rnnc.ir import ARG, FUSED, GET, Graph, Program
 
 ENTRY = "rnnc_run"

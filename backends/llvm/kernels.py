@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from llvmlite import ir
-from rnnc.backends.llvm import blas
 
 from rnnc import ops
+from rnnc.backends.llvm import blas
 from rnnc.ir import Graph
 
 I32 = ir.IntType(32)

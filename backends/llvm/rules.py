@@ -13,6 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from llvmlite import ir
+
+from rnnc import ops
 from rnnc.backends.llvm import mathlib
 from rnnc.backends.llvm.kernels import (
     SMALL_ROWS,
@@ -23,8 +25,6 @@ from rnnc.backends.llvm.kernels import (
     emit_small_gemm,
     emit_sum_rows,
 )
-
-from rnnc import ops
 from rnnc.ir import Node
 
 

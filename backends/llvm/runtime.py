@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
+
 from rnnc.backends.llvm import blas as blas_lib
 from rnnc.backends.llvm import cache, codegen
-
 from rnnc.errors import BackendUnavailable, RnncTypeError, RnncValueError
 from rnnc.ir import Program
 from rnnc.printer import format_program

@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from rnnc.backends.numpy.rules import RULES
 
 from rnnc import ops
+from rnnc.backends.numpy.rules import RULES
 from rnnc.ir import ARG, FUSED, GET, Graph, Program, Scan
 
 NP_DTYPES = {"f32": np.float32, "f64": np.float64}

@@ -13,13 +13,13 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+
+import rnnc
+from rnnc import ops
 from rnnc.backends.cuda import codegen
 from rnnc.backends.cuda.rules import RULES
 from rnnc.backends.cuda.runtime import CudaBackend
 from rnnc.backends.numpy.runtime import run_program
-
-import rnnc
-from rnnc import ops
 from rnnc.composites import layer_norm
 from rnnc.errors import BackendUnavailable, RnncValueError
 from rnnc.ir import Carry, Graph, Program, Scan, Type, verify

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from rnnc.backends.cuda.emulate import EmulatedModule, parse_kernels
 
 # The kernels below are also compiled to PTX by test_cuda_ptx.py, which imports KERNELS.

@@ -1,13 +1,13 @@
 """PTX compilation of CUDA kernels in rnnc's generated style for sm_80 and sm_90."""
 
 import pytest
-from rnnc.backends.cuda import codegen
-from rnnc.backends.cuda.ptx import NO_COMPILER, available_compiler, compile_ptx, load_nvrtc
 from test_cuda_backend import CELLS, fuse_body
 from test_cuda_emulate import KERNELS
 
 import rnnc
 from rnnc import passes
+from rnnc.backends.cuda import codegen
+from rnnc.backends.cuda.ptx import NO_COMPILER, available_compiler, compile_ptx, load_nvrtc
 from rnnc.ir import Program, retype
 
 ARCHS = ("sm_80", "sm_90")

@@ -13,13 +13,13 @@ pytest.importorskip("llvmlite")
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+
+import rnnc  # noqa: E402
+from rnnc import ops  # noqa: E402
 from rnnc.backends.llvm import blas  # noqa: E402
 from rnnc.backends.llvm.rules import RULES  # noqa: E402
 from rnnc.backends.llvm.runtime import LlvmBackend  # noqa: E402
 from rnnc.backends.numpy.runtime import run_program  # noqa: E402
-
-import rnnc  # noqa: E402
-from rnnc import ops  # noqa: E402
 from rnnc.ir import Carry, Graph, Program, Scan, Type, retype, verify  # noqa: E402
 from tests.strategies import random_cells, random_data  # noqa: E402
 
@@ -79,6 +79,7 @@ def test_every_primitive_has_a_rule() -> None:
 
 def test_fused_step_loop_is_vectorized() -> None:
     import llvmlite.binding as llvm
+
     from rnnc.backends.llvm import cache, codegen
 
     program = rnnc.compile(rnnc.cells.lstm(8, 64)).program()

@@ -12,6 +12,7 @@ pytest.importorskip("llvmlite")
 
 import llvmlite.binding as llvm  # noqa: E402
 from llvmlite import ir  # noqa: E402
+
 from rnnc.backends.llvm import blas  # noqa: E402
 
 LIBRARIES = {

@@ -9,10 +9,9 @@ import pytest
 
 pytest.importorskip("llvmlite")
 
+import rnnc  # noqa: E402
 from rnnc.backends.llvm import cache  # noqa: E402
 from rnnc.backends.llvm.runtime import LlvmBackend  # noqa: E402
-
-import rnnc  # noqa: E402
 from rnnc.ir import retype  # noqa: E402
 
 

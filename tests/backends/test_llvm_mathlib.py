@@ -12,6 +12,7 @@ pytest.importorskip("llvmlite")
 
 import llvmlite.binding as llvm  # noqa: E402
 from llvmlite import ir  # noqa: E402
+
 from rnnc.backends.llvm import mathlib  # noqa: E402
 
 # Reference values beyond the target type's range overflow to inf on purpose.

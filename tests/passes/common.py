@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
-from rnnc.backends.numpy.runtime import run_program
-from rnnc.passes import PASSES, run
 
 import rnnc
+from rnnc.backends.numpy.runtime import run_program
 from rnnc.dsl import final_name
 from rnnc.ir import Program, retype
+from rnnc.passes import PASSES, run
 from rnnc.printer import format_program
 from tests.strategies import random_data
 

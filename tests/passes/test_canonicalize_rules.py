@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
-from rnnc.passes import run
 
 import rnnc
 from rnnc import ops
+from rnnc.passes import run
 from rnnc.printer import format_program
 from tests.passes.common import environment
 from tests.passes.test_pipelines import _has_autodiff, _loss

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+
 from rnnc.passes import PASSES, pipeline
 from rnnc.passes import run as run_passes
-
 from tests.passes.common import check_pass, environment, standard_cells
 from tests.strategies import random_cells
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from rnnc.backends.numpy.runtime import run_program
-from rnnc.passes import PASSES
 
 import rnnc
+from rnnc.backends.numpy.runtime import run_program
 from rnnc.ir import retype
+from rnnc.passes import PASSES
 from tests.passes.common import environment, mgu, standard_cells
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -16,7 +16,8 @@ def test_bench_tiny_table(tmp_path, capsys) -> None:
     code = bench.main(["--size", "tiny", "--backend", "numpy", "--configs", "C3",
                        "--cells", "lstm", "--modes", "training", "--peers", "torch,eager",
                        "--reps", "5", "--warmup", "1", "--no-compile-time",
-                       "--markdown", str(markdown), "--json", str(data)])
+                       "--markdown", str(markdown), "--json", str(data),
+                       "--png", str(tmp_path / "bench.png")])
     assert code == 0
     out = capsys.readouterr().out
     header = [ln for ln in out.splitlines() if ln.startswith("config")][-1]
@@ -34,6 +35,7 @@ def test_bench_tiny_table(tmp_path, capsys) -> None:
     text = markdown.read_text()
     assert "| config | cell | mode | peer | rnnc ms |" in text
     assert "torch" in text and "numpy" in text
+    assert (tmp_path / "bench.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 
 
 def test_custom_cells_match_eager_peer() -> None:
