@@ -102,20 +102,23 @@ def _check_int(value: Any, name: str, low: int) -> int:
     return int(value)
 
 
-def _reverse_index(T: int, B: int, lens: np.ndarray | None) -> np.ndarray:
-    """Return ``idx`` with ``idx[t, b] = len_b - 1 - t`` inside each length, ``t`` past it.
+def _reverse_index(T: int, B: int, lens: np.ndarray | None) -> np.ndarray | None:
+    """Return ``idx`` with ``idx[t, b] = len_b - 1 - t`` inside each length, ``t`` past it
+    (None without lengths: the whole sequence is reversed).
 
     The map is its own inverse, so the same gather reverses inputs, restores outputs and
     carries gradients back in both directions.
     """
-    t = np.arange(T)[:, None]
     if lens is None:
-        return np.broadcast_to(T - 1 - t, (T, B)).copy()
+        return None
+    t = np.arange(T)[:, None]
     return np.where(t < lens[None, :], lens[None, :] - 1 - t, t)
 
 
-def _gather(a: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """Return ``a[idx[t, b], b]`` for every ``(t, b)``."""
+def _gather(a: np.ndarray, idx: np.ndarray | None) -> np.ndarray:
+    """Return ``a[idx[t, b], b]`` for every ``(t, b)``; ``idx`` None reverses time."""
+    if idx is None:
+        return np.ascontiguousarray(a[::-1])
     return np.take_along_axis(a, idx[:, :, None], axis=0)
 
 

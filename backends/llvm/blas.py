@@ -48,6 +48,7 @@ __all__ = [
     "get",
     "same_convention",
     "set_threads",
+    "split_candidate",
 ]
 
 Convention = Literal["cblas", "fortran"]
@@ -70,6 +71,9 @@ class Blas:
     dgemm_addr: int
     convention: Convention
     set_threads: Callable[[int], None] | None = None
+    # Address of the C function ``void set_num_threads(int)`` when there is one: generated
+    # code calls it to give each GEMM call site its own thread count.
+    threads_addr: int | None = None
     # Keeps the shared library (or capsule owner) loaded while the addresses are used.
     handle: object = field(default=None, repr=False, compare=False)
 
@@ -103,6 +107,7 @@ def _load_openblas() -> Blas | None:
         dgemm_addr=_address(library.scipy_cblas_dgemm),
         convention="cblas",
         set_threads=set_num_threads,
+        threads_addr=_address(set_num_threads),
         handle=library,
     )
 
@@ -195,6 +200,7 @@ def _load_mkl() -> Blas | None:
             dgemm_addr=_address(library.cblas_dgemm),
             convention="cblas",
             set_threads=set_num_threads,
+            threads_addr=_address(set_num_threads),
             handle=library,
         )
     return None
@@ -327,6 +333,14 @@ def _time_gemm(blas: Blas, m: int, n: int, k: int, dtype: np.dtype, reps: int) -
     return statistics.median(times)
 
 
+def split_candidate(name: str) -> tuple[Blas, int | None]:
+    """``"openblas@1"`` -> (the library, 1 thread); a plain name keeps its thread count."""
+    base, _, threads = name.partition("@")
+    if threads and (not threads.isdigit() or int(threads) < 1):
+        raise ValueError(f"bad thread count in BLAS candidate {name!r}")
+    return get(base), (int(threads) if threads else None)
+
+
 def choose(
     m: int,
     n: int,
@@ -338,6 +352,8 @@ def choose(
 ) -> str:
     """Return the fastest BLAS among candidates for one GEMM shape, measured once.
 
+    A candidate is a library name, or ``name@threads`` for that library at a thread count.
+
     The choice is remembered in memory and in ``blas.json`` under ``cache_dir``
     (default ``~/.cache/rnnc``), keyed by dtype, shape and candidate set. With one
     candidate nothing is measured.
@@ -347,7 +363,7 @@ def choose(
     if not names:
         raise ValueError("choose() needs at least one BLAS candidate")
     for name in names:
-        get(name)  # raises for an unknown name, listing the available ones
+        split_candidate(name)  # raises for an unknown name, listing the available ones
     if len(names) == 1:
         return names[0]
     key = f"{dtype.name}:{m}x{n}x{k}:{','.join(names)}"
@@ -358,7 +374,12 @@ def choose(
     if stored.get(key) in names:
         _CHOICES[key] = stored[key]
         return stored[key]
-    timings = {name: _time_gemm(get(name), m, n, k, dtype, reps) for name in names}
+    timings = {}
+    for name in names:
+        library, threads = split_candidate(name)
+        if threads is not None:
+            set_threads(threads, library)
+        timings[name] = _time_gemm(library, m, n, k, dtype, reps)
     best = min(names, key=timings.__getitem__)
     _CHOICES[key] = best
     stored = _read_choices(path)  # another process may have written meanwhile

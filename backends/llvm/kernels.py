@@ -332,6 +332,32 @@ def emit_small_gemm(ctx: Any, rows: ir.Value, a: Buffer, w: Buffer, out: Buffer)
     kernel.finish((rows, ctx.B))
 
 
+GEMM_ENTRY = 3  # uint64 words per GEMM site in the table the runner passes
+
+
+def _set_threads(ctx: Any, setter: ir.Value, threads: ir.Value) -> None:
+    """Call the library's ``set_num_threads(threads)`` unless it is what was last set.
+
+    Small GEMMs (a recurrent step at small batch) run faster on one thread than split over
+    several, big ones (the hoisted projection) the other way round: each site gets its own
+    count, and the call is made only when the count changes along the program.
+    """
+    b = ctx.builder
+    if not hasattr(ctx, "threads_state"):
+        ctx.threads_state = (ctx.entry_alloca(I64), ctx.entry_alloca(I64))
+        for slot in ctx.threads_state:
+            ctx.entry.store(ir.Constant(I64, 0), slot)
+    last_setter, last_threads = ctx.threads_state
+    changed = b.or_(b.icmp_unsigned("!=", b.load(last_setter), setter),
+                    b.icmp_unsigned("!=", b.load(last_threads), threads))
+    needed = b.and_(b.icmp_unsigned("!=", setter, ir.Constant(I64, 0)), changed)
+    with b.if_then(needed):
+        fnty = ir.FunctionType(ir.VoidType(), [I32])
+        b.call(b.inttoptr(setter, fnty.as_pointer()), [b.trunc(threads, I32)])
+        b.store(setter, last_setter)
+        b.store(threads, last_threads)
+
+
 def emit_gemm(ctx: Any, transa: bool, transb: bool, sizes: tuple, m: ir.Value, n: Any, k: Any,
               a: ir.Value, lda: Any, b_: ir.Value, ldb: Any, c: ir.Value, ldc: Any) -> None:
     """Row-major ``C = op(A) @ op(B)`` through the BLAS the runner chose for this call site.
@@ -345,8 +371,11 @@ def emit_gemm(ctx: Any, transa: bool, transb: bool, sizes: tuple, m: ir.Value, n
     site = len(ctx.plan.gemms)
     ctx.plan.gemms.append((transa, transb, sizes))
     fnty = blas.gemm_function_type(ctx.blas.convention, ctx.np_dtype)
-    table = b.bitcast(ctx.gemm, I8P.as_pointer())
-    fn = b.bitcast(b.load(b.gep(table, [ir.Constant(I64, site)])), fnty.as_pointer())
+    # Each site's entry is (GEMM address, set_num_threads address or 0, thread count).
+    table = b.bitcast(ctx.gemm, I64.as_pointer())
+    entry = [b.load(b.gep(table, [ir.Constant(I64, GEMM_ENTRY * site + i)])) for i in range(3)]
+    _set_threads(ctx, entry[1], entry[2])
+    fn = b.inttoptr(entry[0], fnty.as_pointer())
     ptr = ctx.scalar.as_pointer()
 
     def i32(v: Any) -> ir.Value:

@@ -45,9 +45,10 @@ def _resolve(shape: tuple, T: int, B: int) -> tuple[int, ...]:
 class Runner:
     """``runner(env, dims) -> results`` for one compiled program; safe from many threads."""
 
-    def __init__(self, compiled: cache.Compiled, libraries: list[blas_lib.Blas], dtype: str,
-                 compile_seconds: float) -> None:
+    def __init__(self, compiled: cache.Compiled, libraries: list[blas_lib.Blas], threads: int,
+                 dtype: str, compile_seconds: float) -> None:
         self.compiled = compiled
+        self.threads = threads
         self.plan = compiled.plan
         self.dtype = np.dtype(codegen.NP_DTYPES[dtype])
         self.libraries = {b.name: b for b in libraries}
@@ -63,14 +64,18 @@ class Runner:
                                         dtype=np.int64)) for s in shapes] + [1])
 
     def gemm_choice(self, T: int, B: int) -> list[str]:
-        """The library each GEMM site uses at (T, B): the fastest for its shape, measured once
-        per shape (and remembered on disk) when several are installed."""
-        names = sorted(self.libraries)
+        """What each GEMM site uses at (T, B), as ``library@threads``: the fastest for its
+        shape among the installed libraries at one thread or all of them, measured once per
+        shape and remembered on disk."""
+        names = sorted(
+            f"{name}@{t}" for name, lib in self.libraries.items()
+            for t in ((1, self.threads) if lib.threads_addr and self.threads > 1 else
+                      (self.threads,)))
         choice = []
         for _, _, sizes in self.plan.gemms:
             m, n, k = (int(np.prod(_resolve(d, T, B), dtype=np.int64)) for d in sizes)
             if len(names) == 1 or min(m, n, k) == 0:
-                choice.append(names[0])
+                choice.append(names[-1])
             else:
                 choice.append(blas_lib.choose(m, n, k, self.dtype, names))
         return choice
@@ -78,9 +83,12 @@ class Runner:
     def _gemm_table(self, T: int, B: int) -> np.ndarray:
         with self._tables_lock:
             if (T, B) not in self._tables:
-                addresses = [self.libraries[name].gemm_addr(self.dtype)
-                             for name in self.gemm_choice(T, B)]
-                self._tables[(T, B)] = np.array(addresses or [0], dtype=np.uint64)
+                entries = []
+                for name in self.gemm_choice(T, B):
+                    library, threads = blas_lib.split_candidate(name)
+                    setter = library.threads_addr or 0
+                    entries += [library.gemm_addr(self.dtype), setter, threads if setter else 0]
+                self._tables[(T, B)] = np.array(entries or [0], dtype=np.uint64)
                 while len(self._tables) > 16:
                     self._tables.pop(next(iter(self._tables)))
             return self._tables[(T, B)]
@@ -189,4 +197,5 @@ class LlvmBackend:
         start = time.perf_counter()
         k = cache.key(format_program(program), program.dtype, self.blas.convention)
         compiled = self.cache.get(k, lambda: codegen.lower(program, self.blas))
-        return Runner(compiled, self.libraries, program.dtype, time.perf_counter() - start)
+        return Runner(compiled, self.libraries, self.threads, program.dtype,
+                      time.perf_counter() - start)

@@ -178,11 +178,15 @@ def test_each_gemm_shape_gets_a_measured_choice(tmp_path, monkeypatch) -> None:
     runner = fn._runner("inference", "f64", False)
     choice = runner.gemm_choice(6, 4)
     assert len(choice) == len(runner.plan.gemms) >= 2  # the input projection and the step
-    assert set(choice) <= {library.name, "twin"}
+    assert {c.partition("@")[0] for c in choice} <= {library.name, "twin"}
     stored = json.loads((tmp_path / "blas.json").read_text())
-    # One measured entry per distinct (m, n, k): (T*B, 4H, I) and (B, 4H, H).
-    names = ",".join(sorted([library.name, "twin"]))
-    assert sorted(stored) == [f"float64:24x20x3:{names}", f"float64:4x20x5:{names}"]
+    # One measured entry per distinct (m, n, k): (T*B, 4H, I) and (B, 4H, H); the candidates
+    # are each library at one thread and at all of them.
+    assert sorted(k.rsplit(":", 1)[0] for k in stored) == ["float64:24x20x3", "float64:4x20x5"]
+    for key, best in stored.items():
+        candidates = key.rsplit(":", 1)[1].split(",")
+        assert {c.partition("@")[0] for c in candidates} == {library.name, "twin"}
+        assert best in candidates
 
 
 def _fused_program(reverse: bool) -> Program:

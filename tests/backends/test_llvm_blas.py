@@ -238,3 +238,12 @@ def test_choose_measures_once_and_caches_on_disk(tmp_path, monkeypatch) -> None:
     assert len(measured) == 2
     with pytest.raises(ValueError, match="available"):
         blas.choose(16, 8, 4, np.float64, ["no-such-blas", library.name], cache_dir=tmp_path)
+
+
+def test_split_candidate_names_a_library_and_a_thread_count() -> None:
+    library = blas.get()
+    assert blas.split_candidate(f"{library.name}@1") == (library, 1)
+    assert blas.split_candidate(library.name) == (library, None)
+    for bad in (f"{library.name}@0", f"{library.name}@two", "no-such-blas@1"):
+        with pytest.raises(ValueError):
+            blas.split_candidate(bad)
