@@ -1,5 +1,8 @@
 """Custom cells in rnnc's DSL: peephole LSTM, layer-norm LSTM, MGU, IndRNN, GRU v3 vs v1.
 
+(The peephole LSTM and the MGU ship as ``rnnc.cells.peephole_lstm`` and ``rnnc.cells.mgu``:
+read them in rnnc/cells.py; the other two are written out below.)
+
 Each is compiled, checked against a float64 NumPy loop written independently, trained for a few
 steps, and its loop's op counts printed (what the optimizer made of it).
 
@@ -13,24 +16,6 @@ import argparse
 import numpy as np
 
 import rnnc
-
-
-def peephole_lstm(I: int, H: int) -> rnnc.Cell:
-    """LSTM whose gates also see the cell state (Gers & Schmidhuber 2000)."""
-    c = rnnc.Cell("peephole_lstm")
-    x, h, s = c.input("x", I), c.state("h", H), c.state("c", H)
-    W = {g: c.param(f"W_{g}", (I, H)) for g in "ifgo"}
-    U = {g: c.param(f"U_{g}", (H, H)) for g in "ifgo"}
-    b = {g: c.param(f"b_{g}", (H,)) for g in "ifgo"}
-    p = {g: c.param(f"p_{g}", (H,)) for g in "ifo"}
-    i = rnnc.sigmoid(x @ W["i"] + h @ U["i"] + p["i"] * s + b["i"])
-    f = rnnc.sigmoid(x @ W["f"] + h @ U["f"] + p["f"] * s + b["f"])
-    s_new = f * s + i * rnnc.tanh(x @ W["g"] + h @ U["g"] + b["g"])
-    o = rnnc.sigmoid(x @ W["o"] + h @ U["o"] + p["o"] * s_new + b["o"])
-    h_new = o * rnnc.tanh(s_new)
-    c.update(h=h_new, c=s_new)
-    c.output("y", h_new)
-    return c
 
 
 def layer_norm_lstm(I: int, H: int) -> rnnc.Cell:
@@ -50,13 +35,6 @@ def layer_norm_lstm(I: int, H: int) -> rnnc.Cell:
     c.update(h=h_new, c=s_new)
     c.output("y", h_new)
     return c
-
-
-def mgu(I: int, H: int) -> rnnc.Cell:
-    """Minimal gated unit (Zhou et al. 2016)."""
-    from rnnc.demo import mgu as build
-
-    return build(I, H)
 
 
 def indrnn(I: int, H: int) -> rnnc.Cell:
@@ -89,7 +67,7 @@ def reference(name: str, x: np.ndarray, p: dict, H: int) -> np.ndarray:
         if name == "peephole_lstm":
             i = sigmoid(x_t @ p["W_i"] + h @ p["U_i"] + p["p_i"] * s + p["b_i"])
             f = sigmoid(x_t @ p["W_f"] + h @ p["U_f"] + p["p_f"] * s + p["b_f"])
-            s = f * s + i * np.tanh(x_t @ p["W_g"] + h @ p["U_g"] + p["b_g"])
+            s = f * s + i * np.tanh(x_t @ p["W_c"] + h @ p["U_c"] + p["b_c"])
             o = sigmoid(x_t @ p["W_o"] + h @ p["U_o"] + p["p_o"] * s + p["b_o"])
             h = o * np.tanh(s)
         elif name == "layer_norm_lstm":
@@ -116,9 +94,9 @@ def reference(name: str, x: np.ndarray, p: dict, H: int) -> np.ndarray:
 
 
 CELLS = {
-    "peephole_lstm": peephole_lstm,
+    "peephole_lstm": rnnc.cells.peephole_lstm,
     "layer_norm_lstm": layer_norm_lstm,
-    "mgu": mgu,
+    "mgu": rnnc.cells.mgu,
     "indrnn": indrnn,
     "gru": lambda i, h: rnnc.cells.gru(i, h, reset_after=True),
     "gru_v3": lambda i, h: rnnc.cells.gru(i, h, reset_after=False),

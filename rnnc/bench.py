@@ -62,45 +62,6 @@ def tiny(config: Config) -> Config:
 # ---------------------------------------------------------------- custom cells in rnnc's DSL
 
 
-def mgu(input_size: int, hidden_size: int) -> rnnc.Cell:
-    """Minimal gated unit (DESIGN.md's example)."""
-    c = rnnc.Cell("mgu")
-    x = c.input("x", input_size)
-    h = c.state("h", hidden_size)
-    W_f = c.param("W_f", (input_size, hidden_size))
-    U_f = c.param("U_f", (hidden_size, hidden_size))
-    W_n = c.param("W_n", (input_size, hidden_size))
-    U_n = c.param("U_n", (hidden_size, hidden_size))
-    b_f = c.param("b_f", (hidden_size,))
-    b_n = c.param("b_n", (hidden_size,))
-    f = rnnc.sigmoid(x @ W_f + h @ U_f + b_f)
-    n = rnnc.tanh(x @ W_n + (f * h) @ U_n + b_n)
-    h_new = (1 - f) * h + f * n
-    c.update(h=h_new)
-    c.output("y", h_new)
-    return c
-
-
-def peephole_lstm(input_size: int, hidden_size: int) -> rnnc.Cell:
-    """LSTM whose gates also see the cell state (Gers and Schmidhuber)."""
-    c = rnnc.Cell("peephole_lstm")
-    x = c.input("x", input_size)
-    h = c.state("h", hidden_size)
-    cs = c.state("c", hidden_size)
-    W = {g: c.param(f"W_{g}", (input_size, hidden_size)) for g in "ifco"}
-    U = {g: c.param(f"U_{g}", (hidden_size, hidden_size)) for g in "ifco"}
-    P = {g: c.param(f"p_{g}", (hidden_size,)) for g in "ifo"}
-    b = {g: c.param(f"b_{g}", (hidden_size,)) for g in "ifco"}
-    i = rnnc.sigmoid(x @ W["i"] + h @ U["i"] + cs * P["i"] + b["i"])
-    f = rnnc.sigmoid(x @ W["f"] + h @ U["f"] + cs * P["f"] + b["f"])
-    c_new = f * cs + i * rnnc.tanh(x @ W["c"] + h @ U["c"] + b["c"])
-    o = rnnc.sigmoid(x @ W["o"] + h @ U["o"] + c_new * P["o"] + b["o"])
-    h_new = o * rnnc.tanh(c_new)
-    c.update(h=h_new, c=c_new)
-    c.output("y", h_new)
-    return c
-
-
 def ln_lstm(input_size: int, hidden_size: int) -> rnnc.Cell:
     """Layer-norm LSTM as in PyTorch's fastrnns: LN on both gate projections and on c."""
     H = hidden_size
@@ -228,8 +189,9 @@ class CellSpec:
 CELLS = {
     "lstm": CellSpec(rnnc.cells.lstm, _lstm_step, _lstm_peer_params, ("h", "c"), "LSTM"),
     "gru": CellSpec(rnnc.cells.gru, _gru_step, _gru_peer_params, ("h",), "GRU"),
-    "mgu": CellSpec(mgu, _mgu_step, _mgu_peer_params, ("h",)),
-    "peephole_lstm": CellSpec(peephole_lstm, _peephole_step, _peephole_peer_params, ("h", "c")),
+    "mgu": CellSpec(rnnc.cells.mgu, _mgu_step, _mgu_peer_params, ("h",)),
+    "peephole_lstm": CellSpec(rnnc.cells.peephole_lstm, _peephole_step, _peephole_peer_params,
+                              ("h", "c")),
     "ln_lstm": CellSpec(ln_lstm, _ln_lstm_step, dict, ("h", "c")),
 }
 PEERS = ("torch", "eager", "jax")

@@ -66,6 +66,48 @@ def gru(input_size: int, hidden_size: int, reset_after: bool = True) -> Cell:
     return c
 
 
+# ---------------------------------------------------------------- cells no vendor library ships
+
+
+def mgu(input_size: int, hidden_size: int) -> Cell:
+    """Minimal gated unit (DESIGN.md's example)."""
+    c = Cell("mgu")
+    x = c.input("x", input_size)
+    h = c.state("h", hidden_size)
+    W_f = c.param("W_f", (input_size, hidden_size))
+    U_f = c.param("U_f", (hidden_size, hidden_size))
+    W_n = c.param("W_n", (input_size, hidden_size))
+    U_n = c.param("U_n", (hidden_size, hidden_size))
+    b_f = c.param("b_f", (hidden_size,))
+    b_n = c.param("b_n", (hidden_size,))
+    f = sigmoid(x @ W_f + h @ U_f + b_f)
+    n = tanh(x @ W_n + (f * h) @ U_n + b_n)
+    h_new = (1 - f) * h + f * n
+    c.update(h=h_new)
+    c.output("y", h_new)
+    return c
+
+
+def peephole_lstm(input_size: int, hidden_size: int) -> Cell:
+    """LSTM whose gates also see the cell state (Gers and Schmidhuber)."""
+    c = Cell("peephole_lstm")
+    x = c.input("x", input_size)
+    h = c.state("h", hidden_size)
+    cs = c.state("c", hidden_size)
+    W = {g: c.param(f"W_{g}", (input_size, hidden_size)) for g in "ifco"}
+    U = {g: c.param(f"U_{g}", (hidden_size, hidden_size)) for g in "ifco"}
+    P = {g: c.param(f"p_{g}", (hidden_size,)) for g in "ifo"}
+    b = {g: c.param(f"b_{g}", (hidden_size,)) for g in "ifco"}
+    i = sigmoid(x @ W["i"] + h @ U["i"] + cs * P["i"] + b["i"])
+    f = sigmoid(x @ W["f"] + h @ U["f"] + cs * P["f"] + b["f"])
+    c_new = f * cs + i * tanh(x @ W["c"] + h @ U["c"] + b["c"])
+    o = sigmoid(x @ W["o"] + h @ U["o"] + c_new * P["o"] + b["o"])
+    h_new = o * tanh(c_new)
+    c.update(h=h_new, c=c_new)
+    c.output("y", h_new)
+    return c
+
+
 STANDARD = {
     "rnn": rnn,
     "rnn_tanh": rnn,
@@ -74,3 +116,6 @@ STANDARD = {
     "gru": gru,
     "gru_v3": lambda i, h: gru(i, h, reset_after=False),
 }
+
+# Every cell `rnnc dump NAME` knows by name.
+NAMED = {**STANDARD, "mgu": mgu, "peephole_lstm": peephole_lstm}

@@ -21,13 +21,13 @@ class _Parser(argparse.ArgumentParser):
 
 def load_cell(spec: str, input_size: int, hidden_size: int):
     """A standard cell name, or ``path/file.py:factory`` called as factory(I, H)."""
-    from rnnc.cells import STANDARD
+    from rnnc.cells import NAMED
 
-    if spec in STANDARD:
-        return STANDARD[spec](input_size, hidden_size)
+    if spec in NAMED:
+        return NAMED[spec](input_size, hidden_size)
     path, sep, factory = spec.rpartition(":")
     if not sep or not path.endswith(".py"):
-        raise RnncError(f"unknown cell {spec!r}: expected one of {', '.join(sorted(STANDARD))} "
+        raise RnncError(f"unknown cell {spec!r}: expected one of {', '.join(sorted(NAMED))} "
                         f"or path/to/file.py:factory")
     if not os.path.isfile(path):
         raise RnncError(f"cell file {path!r} does not exist")
@@ -81,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     dump = sub.add_parser("dump", help="print a cell's IR after the optimization passes")
-    dump.add_argument("cell", help="rnn | rnn_relu | lstm | gru | gru_v3 | path/file.py:factory")
+    dump.add_argument("cell", help="rnn | rnn_relu | lstm | gru | gru_v3 | mgu | peephole_lstm"
+                                   " | path/file.py:factory")
     dump.add_argument("--after", default="all", help="a pass name, or 'all' (default)")
     dump.add_argument("--mode", choices=("inference", "train"), default="inference")
     dump.add_argument("--format", choices=("text", "dot"), default="text")
