@@ -15,7 +15,7 @@ from typing import Any
 from llvmlite import ir
 
 from rnnc import ops
-from rnnc.backends.llvm import mathlib
+from rnnc.backends.llvm import gemm, mathlib
 from rnnc.backends.llvm.kernels import (
     SMALL_ROWS,
     Buffer,
@@ -77,18 +77,35 @@ def _matmul(ctx: Any, node: Node, a: Buffer, b: Buffer) -> Buffer:
                   b.ptr, n, out.ptr, n)
     elif node.attrs.get("transpose_b"):
         n, k = b.shape
-        emit_gemm(ctx, False, True, (a.shape[:-1], (n,), (k,)), rows, n, k, a.ptr, k, b.ptr, k,
-                  out.ptr, n)
+        builder = ctx.builder
+        own = a.shape[:-1] == ("B",) and gemm.fits(ctx, n)
+        moderate = builder.icmp_signed("<=", builder.mul(rows, ir.Constant(rows.type, n * k)),
+                                       ir.Constant(rows.type, gemm.MAX_WORK if own else 0))
+        with builder.if_else(moderate) as (mid, large):
+            with mid:
+                gemm.emit_panel_gemm(ctx, rows, a, b, out, transposed=True)
+            with large:
+                emit_gemm(ctx, False, True, (a.shape[:-1], (n,), (k,)), rows, n, k, a.ptr, k,
+                          b.ptr, k, out.ptr, n)
     else:
         k, n = b.shape
         builder = ctx.builder
         small = builder.icmp_signed("<=", rows, ir.Constant(rows.type, SMALL_ROWS))
+        # A per-step product of moderate size runs on rnnc's own register-tiled kernel; a
+        # large one (many rows, or the hoisted projection over all steps) on the BLAS.
+        own = a.shape[:-1] == ("B",) and gemm.fits(ctx, n)
+        moderate = builder.icmp_signed("<=", builder.mul(rows, ir.Constant(rows.type, n * k)),
+                                       ir.Constant(rows.type, gemm.MAX_WORK if own else 0))
         with builder.if_else(small) as (few_rows, many_rows):
             with few_rows:
                 emit_small_gemm(ctx, rows, a, b, out)
             with many_rows:
-                emit_gemm(ctx, False, False, (a.shape[:-1], (n,), (k,)), rows, n, k, a.ptr, k,
-                          b.ptr, n, out.ptr, n)
+                with builder.if_else(moderate) as (mid, large):
+                    with mid:
+                        gemm.emit_panel_gemm(ctx, rows, a, b, out)
+                    with large:
+                        emit_gemm(ctx, False, False, (a.shape[:-1], (n,), (k,)), rows, n, k,
+                                  a.ptr, k, b.ptr, n, out.ptr, n)
     return out
 
 

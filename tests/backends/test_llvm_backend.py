@@ -366,3 +366,22 @@ def test_runner_checks_buffers_as_a_last_line() -> None:
             runner(e, {"T": 2, "B": 2})
     with pytest.raises(rnnc.RnncError):
         runner(env, {"T": -1, "B": 2})
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("B", [3, 6, 7, 13])
+def test_own_step_gemm_tiles_and_leftover_rows(B: int, dtype: type) -> None:
+    # H = 16: the gate width 64 is a whole number of column panels, so the per-step products
+    # (h @ U forward, dG @ U^T backward) run on rnnc's register-tiled kernel: full 6-row tiles
+    # plus a block of the leftover rows.
+    cell, ref, fn = pair("lstm", (5, 16))
+    x, params, states = data(cell, 4, B, dtype, seed=B)
+    results = []
+    for f in (ref, fn):
+        ys, _, tape = f.forward(x, params, states=states)
+        results.append((ys, f.backward(tape, d_outputs={"y": np.ones_like(ys["y"])})))
+    (ys0, g0), (ys1, g1) = results
+    close(ys1["y"], ys0["y"], TOL[dtype])
+    close(g1.x, g0.x, GRAD_TOL[dtype])
+    for k in g0.params:
+        close(g1.params[k], g0.params[k], GRAD_TOL[dtype])
