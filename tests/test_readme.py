@@ -24,3 +24,13 @@ def test_quick_start_has_exactly_two_commands_and_ci_runs_the_second() -> None:
                         "pip install -e '.[test,torch]' && pytest"]
     ci = (pathlib.Path(__file__).parents[1] / ".ci" / "run").read_text()
     assert commands[1] in ci.splitlines()
+
+
+def test_optimized_lstm_ir_in_readme_is_current() -> None:
+    import rnnc
+
+    section = README[README.index("## How rnnc optimizes a cell"):README.index("## Backends")]
+    blocks = re.findall(r"```\n(.*?)```", section, re.S)
+    fn = rnnc.compile(rnnc.cells.lstm(3, 4))
+    assert blocks[1].strip() == fn.ir().strip()
+    assert blocks[2].strip() == fn.ir("backward").strip()
