@@ -77,3 +77,11 @@ def test_demo_quick_exits_0():
     res = rnnc_cli("demo", "--quick")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "all checks held" in res.stdout
+
+
+def test_dump_file_without_the_factory_is_one_line_and_exit_2(tmp_path):
+    path = tmp_path / "cells.py"
+    path.write_text("x = 1\n")
+    res = rnnc_cli("dump", f"{path}:missing")
+    assert res.returncode == 2
+    assert res.stderr.strip().count("\n") == 0 and "no function 'missing'" in res.stderr
