@@ -25,6 +25,9 @@ from rnnc.ir import Program
 from rnnc.printer import format_program
 
 _ALIGN = 64
+# Multiply-adds below which a GEMM runs on one thread, and above which on all, unmeasured.
+_ONE_CORE = 1 << 16
+_ALL_CORES = 1 << 27
 _SIGNATURE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                               ctypes.c_void_p)
 _threads_set: dict[str, int] = {}
@@ -74,10 +77,16 @@ class Runner:
         choice = []
         for _, _, sizes in self.plan.gemms:
             m, n, k = (int(np.prod(_resolve(d, T, B), dtype=np.int64)) for d in sizes)
-            if len(names) == 1 or min(m, n, k) == 0:
-                choice.append(names[-1])
+            # Only the middle sizes are worth measuring: a tiny product cannot pay for a
+            # thread hand-off and a huge one always gains from every core.
+            work = m * n * k
+            fit = [c for c in names if not c.endswith("@1")] if work >= _ALL_CORES else \
+                [c for c in names if c.endswith("@1")] if work <= _ONE_CORE else names
+            fit = fit or names
+            if len(fit) == 1 or work == 0:
+                choice.append(fit[-1])
             else:
-                choice.append(blas_lib.choose(m, n, k, self.dtype, names))
+                choice.append(blas_lib.choose(m, n, k, self.dtype, fit))
         return choice
 
     def _gemm_table(self, T: int, B: int) -> np.ndarray:

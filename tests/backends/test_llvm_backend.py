@@ -163,7 +163,8 @@ def test_every_installed_blas(library: str) -> None:
 def test_each_gemm_shape_gets_a_measured_choice(tmp_path, monkeypatch) -> None:
     # Two names for the installed library make the per-shape choice measure on any machine.
     library = blas.get()
-    twin = blas.Blas("twin", library.sgemm_addr, library.dgemm_addr, library.convention)
+    twin = blas.Blas("twin", library.sgemm_addr, library.dgemm_addr, library.convention,
+                     library.set_threads, library.threads_addr)
     monkeypatch.setattr(blas, "_CHOICES", {})
     monkeypatch.setattr(blas, "_default_cache_dir", lambda: tmp_path)
     monkeypatch.setattr(blas, "_load", {library.name: library, "twin": twin}.get)
