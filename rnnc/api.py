@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -62,7 +63,8 @@ class Function:
         self.states = cell.sizes("state")
         self.params = cell.sizes("param")
         self.outputs = tuple(cell.outputs)
-        prepared = passes.run(self._base, passes.pipeline("prepare"))
+        self._text = format_program(self._base)
+        prepared = _optimized(self._text, self._base, passes.pipeline("prepare"))
         self.layout = Layout(
             [b for b in prepared.meta.get("layout", ())] or Layout.identity(self.params).blocks,
             self.params)
@@ -71,12 +73,12 @@ class Function:
     def program(self, mode: str = "inference", dtype: str = "f32", lengths: bool = False,
                 callback: passes.Callback | None = None) -> Program:
         """The optimized program for ``mode`` ("inference", "forward", "backward")."""
+        if callback is not None:
+            return passes.run(retype(self._base, dtype), passes.pipeline(mode, lengths), callback)
         key = (mode, dtype, lengths)
-        if callback is not None or key not in self._programs:
-            p = passes.run(retype(self._base, dtype), passes.pipeline(mode, lengths), callback)
-            if callback is not None:
-                return p
-            self._programs[key] = p
+        if key not in self._programs:
+            self._programs[key] = _optimized(self._text, retype(self._base, dtype),
+                                             passes.pipeline(mode, lengths))
         return self._programs[key]
 
     def _runner(self, mode: str, dtype: str, masked: bool):
@@ -205,6 +207,26 @@ class Function:
         flat = np.zeros(self.layout.size, dt)
         return Grads(gx if len(gx) > 1 else next(iter(gx.values())), self.layout.unpack(flat),
                      {s: d_st[s].copy() for s in self.states}, flat)
+
+
+_OPTIMIZED: OrderedDict[tuple, Program] = OrderedDict()
+_OPTIMIZED_LOCK = threading.Lock()
+
+
+def _optimized(text: str, program: Program, names: tuple[str, ...]) -> Program:
+    """``program`` after the passes ``names``, shared by every function of the same traced
+    program (passes are pure and deterministic, and nothing mutates an optimized program)."""
+    key = (text, program.dtype, names)
+    with _OPTIMIZED_LOCK:
+        if key in _OPTIMIZED:
+            _OPTIMIZED.move_to_end(key)
+            return _OPTIMIZED[key]
+    result = passes.run(program, names)
+    with _OPTIMIZED_LOCK:
+        _OPTIMIZED[key] = result
+        while len(_OPTIMIZED) > 128:
+            _OPTIMIZED.popitem(last=False)
+    return result
 
 
 def _cotangents(kind: str, shapes: Mapping[str, tuple], given: Any, dtype: str, T: int, B: int
