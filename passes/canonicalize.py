@@ -18,105 +18,71 @@ The pass repeats its rewrites until nothing changes, so running it twice changes
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from rnnc import ops
-from rnnc.ir import ARG, FUSED, GET, Graph, Program
+from rnnc.ir import ARG, FUSED, GET, Graph, Node, Program
+from rnnc.ops import Op
 from rnnc.passes import register
 from rnnc.passes._rewrite import constant_value, remove_dead
 
 ORIGIN = "canonicalize"
 
 
-def _fold_constants(g: Graph) -> bool:
-    """Replace ops on constants only by a constant."""
-    changed = False
-    for node in g.nodes():
-        if node.op in (ARG, FUSED, GET, ops.constant) or not node.inputs:
-            continue
-        values = [constant_value(g, i) for i in node.inputs]
-        if any(v is None for v in values) or node.shape != ():
-            continue
-        with np.errstate(all="ignore"):
-            out = node.op.ref(*(np.float64(v) for v in values), **node.attrs)
-        value = float(np.asarray(out))
-        if not np.isfinite(value):
-            continue
-        new = g.add(ops.constant, (), {"value": value}, origin=ORIGIN)
-        g.replace_all_uses(node.id, new)
-        changed = True
-    return changed
+@dataclass(frozen=True)
+class Rule:
+    """``op(...)`` matching ``rewrite``: ``rewrite(g, node)`` returns the node that replaces it
+    (made from its operands, possibly new), or None where the pattern does not match."""
+
+    name: str
+    op: Op | None  # None: any op
+    rewrite: Callable[[Graph, Node], int | None]
 
 
-def _identity(g: Graph, nid: int) -> int | None:
-    """The node ``nid`` equals, by an algebraic identity, or None."""
-    node = g.node(nid)
-    if node.op not in (ops.add, ops.sub, ops.mul, ops.div, ops.neg):
+def _same_type(g: Graph, node: Node, other: int) -> int | None:
+    # Dropping an operand must not drop a broadcast.
+    return other if g.node(other).type == node.type else None
+
+
+def _operand_is(value: float, pos: int) -> Callable[[Graph, Node], int | None]:
+    """``op(a, c) -> a`` where the operand at ``pos`` is the constant ``value``."""
+    def rewrite(g: Graph, node: Node) -> int | None:
+        if constant_value(g, node.inputs[pos]) == value:
+            return _same_type(g, node, node.inputs[1 - pos])
         return None
-    ins = node.inputs
-    c = [constant_value(g, i) for i in ins]
+    return rewrite
 
-    def same_type(other: int) -> int | None:
-        # Dropping an operand must not drop a broadcast.
-        return other if g.node(other).type == node.type else None
 
-    if node.op is ops.neg:
-        inner = g.node(ins[0])
-        return same_type(inner.inputs[0]) if inner.op is ops.neg else None
-    if node.op is ops.mul:
-        if c[1] == 1.0:
-            return same_type(ins[0])
-        if c[0] == 1.0:
-            return same_type(ins[1])
-    if node.op is ops.add:
-        if c[1] == 0.0:
-            return same_type(ins[0])
-        if c[0] == 0.0:
-            return same_type(ins[1])
-    if node.op is ops.sub:
-        if c[1] == 0.0:
-            return same_type(ins[0])
-        inner = g.node(ins[1])
-        if c[0] == 1.0 and inner.op is ops.sub and constant_value(g, inner.inputs[0]) == 1.0:
-            return same_type(inner.inputs[1])
-    if node.op is ops.div and c[1] == 1.0:
-        return same_type(ins[0])
+def _fold(g: Graph, node: Node) -> int | None:
+    """An op on scalar constants only is a constant."""
+    if node.op in (ARG, FUSED, GET, ops.constant) or not node.inputs or node.shape != ():
+        return None
+    values = [constant_value(g, i) for i in node.inputs]
+    if any(v is None for v in values):
+        return None
+    with np.errstate(all="ignore"):
+        out = node.op.ref(*(np.float64(v) for v in values), **node.attrs)
+    value = float(np.asarray(out))
+    if not np.isfinite(value):
+        return None
+    return g.add(ops.constant, (), {"value": value}, origin=ORIGIN)
+
+
+def _double_negation(g: Graph, node: Node) -> int | None:
+    inner = g.node(node.inputs[0])
+    return _same_type(g, node, inner.inputs[0]) if inner.op is ops.neg else None
+
+
+def _one_minus_one_minus(g: Graph, node: Node) -> int | None:
+    """``1 - (1 - a) -> a``."""
+    inner = g.node(node.inputs[1])
+    if (constant_value(g, node.inputs[0]) == 1.0 and inner.op is ops.sub
+            and constant_value(g, inner.inputs[0]) == 1.0):
+        return _same_type(g, node, inner.inputs[1])
     return None
-
-
-def _identities(g: Graph) -> bool:
-    changed = False
-    for nid in g.topo():
-        if nid in g.nx:
-            target = _identity(g, nid)
-            if target is not None and target != nid:
-                g.replace_all_uses(nid, target)
-                changed = True
-    return changed
-
-
-def _key(node) -> tuple | None:
-    if node.op in (ARG, FUSED):
-        return None
-    return (node.op.name, node.inputs, tuple(sorted((k, repr(v)) for k, v in
-                                                    node.attrs.items())), node.type)
-
-
-def _cse(g: Graph) -> bool:
-    seen: dict[tuple, int] = {}
-    changed = False
-    for nid in g.topo():
-        key = _key(g.node(nid))
-        if key is None:
-            continue
-        if key in seen:
-            g.replace_all_uses(nid, seen[key])
-            changed = True
-        else:
-            seen[key] = nid
-    return changed
 
 
 def _is_bias(g: Graph, nid: int) -> bool:
@@ -129,71 +95,192 @@ def _is_projection(g: Graph, nid: int) -> bool:
     return node.op is ops.matmul and not node.attrs.get("transpose_a")
 
 
-def _reassociate(g: Graph) -> bool:
-    """Rebuild add trees holding matmuls and biases as sums of (matmul + bias) pairs."""
-    outputs = set(g.outputs.values())
+def _absorbed(g: Graph, nid: int) -> bool:
+    """An add whose only use is one operand of another add: part of that add's sum."""
+    users = g.users(nid)
+    return (g.node(nid).op is ops.add and nid not in g.outputs.values() and len(users) == 1
+            and g.node(users[0]).op is ops.add and g.node(users[0]).inputs.count(nid) == 1)
 
-    def absorbed(nid: int) -> bool:
-        users = g.users(nid)
-        return (g.node(nid).op is ops.add and nid not in outputs and len(users) == 1
-                and g.node(users[0]).op is ops.add
-                and g.node(users[0]).inputs.count(nid) == 1)
 
-    def shape_of(nid: int):
-        if g.node(nid).op is ops.add and absorbed(nid):
-            a, b = g.node(nid).inputs
-            return (shape_of(a), shape_of(b))
-        return nid
-
-    def leaves(tree) -> list[int]:
-        return leaves(tree[0]) + leaves(tree[1]) if isinstance(tree, tuple) else [tree]
-
-    changed = False
-    for root in g.topo():
-        if root not in g.nx or g.node(root).op is not ops.add or absorbed(root):
+def _tree(g: Graph, root: int) -> tuple | int:
+    """The nested pairs of a sum rooted at ``root``, its absorbed adds opened (iteratively)."""
+    done: dict[int, tuple | int] = {}
+    stack = [root]
+    while stack:
+        nid = stack[-1]
+        a, b = g.node(nid).inputs
+        todo = [i for i in (a, b) if i not in done and _absorbed(g, i)]
+        if todo:
+            stack.extend(todo)
             continue
-        a, b = g.node(root).inputs
-        current = (shape_of(a), shape_of(b))
-        terms = leaves(current)
-        mms = [t for t in terms if _is_projection(g, t)]
-        biases = [t for t in terms if _is_bias(g, t)]
-        if not mms or not biases:
-            continue
-        pairs = dict(zip(mms, biases, strict=False))  # each matmul takes the next unused bias
-        used = set(pairs) | set(pairs.values())
-        items = [(t, pairs[t]) if t in pairs else t for t in terms
-                 if t in pairs or t not in used]
-        target = items[0]
-        for item in items[1:]:
-            target = (target, item)
-        if target == current:
-            continue
+        stack.pop()
+        done[nid] = (done.get(a, a), done.get(b, b))
+    return done[root]
 
-        def build(tree) -> int:
-            if not isinstance(tree, tuple):
-                return tree
-            return g.add(ops.add, (build(tree[0]), build(tree[1])), origin=ORIGIN)
 
-        new = build(target)
-        if g.node(new).type != g.node(root).type:
+def _leaves(tree: tuple | int) -> list[int]:
+    out, stack = [], [tree]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, tuple):
+            stack.extend(reversed(item))
+        else:
+            out.append(item)
+    return out
+
+
+def _reassociate(g: Graph, node: Node) -> int | None:
+    """A sum holding matmuls and biases becomes a sum of (matmul + bias) pairs, each matmul
+    occurrence taking the next unused bias occurrence; every other term keeps its place.
+
+    Terms are counted with multiplicity: ``x@W + b + b`` keeps both ``b``, ``x@W + x@W + b``
+    gets one ``b``."""
+    if _absorbed(g, node.id):
+        return None
+    current = _tree(g, node.id)
+    terms = _leaves(current)
+    mms = [k for k, t in enumerate(terms) if _is_projection(g, t)]
+    biases = [k for k, t in enumerate(terms) if _is_bias(g, t)]
+    pairs = dict(zip(mms, biases, strict=False))
+    paired_biases = set(pairs.values())
+    items: list[tuple | int] = [(terms[k], terms[pairs[k]]) if k in pairs else terms[k]
+                                for k in range(len(terms)) if k not in paired_biases]
+    if not pairs:
+        return None
+    target = items[0]
+    for item in items[1:]:
+        target = (target, item)
+    if target == current:
+        return None
+    built: dict[tuple, int] = {}
+    stack = [target]
+    while stack:  # build the new tree bottom up, without recursion
+        tree = stack[-1]
+        pending = [t for t in tree if isinstance(t, tuple) and t not in built]
+        if pending:
+            stack.extend(pending)
             continue
-        g.replace_all_uses(root, new)
-        changed = True
-    return changed
+        stack.pop()
+        a, b = (built[t] if isinstance(t, tuple) else t for t in tree)
+        built[tree] = g.add(ops.add, (a, b), origin=ORIGIN)
+    new = built[target]
+    return new if g.node(new).type == node.type else None
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("fold-constants", None, _fold),
+    Rule("a*1", ops.mul, _operand_is(1.0, 1)),
+    Rule("1*a", ops.mul, _operand_is(1.0, 0)),
+    Rule("a+0", ops.add, _operand_is(0.0, 1)),
+    Rule("0+a", ops.add, _operand_is(0.0, 0)),
+    Rule("a-0", ops.sub, _operand_is(0.0, 1)),
+    Rule("a/1", ops.div, _operand_is(1.0, 1)),
+    Rule("--a", ops.neg, _double_negation),
+    Rule("1-(1-a)", ops.sub, _one_minus_one_minus),
+    Rule("pair-matmul-bias", ops.add, _reassociate),
+)
+
+
+def _cse_key(node: Node) -> tuple | None:
+    """Equal keys compute equal values (attributes compared exactly: repr of a float
+    round-trips)."""
+    if node.op in (ARG, FUSED):
+        return None
+    return (node.op.name, node.inputs, tuple(sorted((k, repr(v)) for k, v in
+                                                    node.attrs.items())), node.type)
+
+
+class _Rewriter:
+    """The worklist driver: rewrite until no rule applies and no two nodes are equal."""
+
+    def __init__(self, g: Graph, keep_args: set[str]) -> None:
+        self.g = g
+        self.keep = keep_args
+        self.seen: dict[tuple, int] = {}
+        self.work: list[int] = []
+        self.queued: set[int] = set()
+
+    def push(self, nid: int) -> None:
+        if nid not in self.queued:
+            self.queued.add(nid)
+            self.work.append(nid)
+
+    def run(self) -> None:
+        g = self.g
+        for nid in reversed(g.topo()):  # the stack pops in topological order
+            self.push(nid)
+        budget = 64 * (len(g) + 16)
+        while self.work:
+            nid = self.work.pop()
+            self.queued.discard(nid)
+            if nid not in g.nx:
+                continue
+            new = self.rewrite(g.node(nid))
+            if new is None:
+                continue
+            budget -= 1
+            if budget < 0:  # every rule shrinks or canonicalizes: this is a bug, say so
+                raise RuntimeError("canonicalize did not reach a fixed point")
+            self.replace(nid, new)
+
+    def rewrite(self, node: Node) -> int | None:
+        g = self.g
+        key = _cse_key(node)
+        if key is not None:
+            other = self.seen.get(key)
+            if other is not None and other != node.id and other in g.nx \
+                    and _cse_key(g.node(other)) == key:
+                return other
+            self.seen[key] = node.id
+        before = set(g.nx.nodes)
+        for rule in RULES:
+            if rule.op is None or rule.op is node.op:
+                new = rule.rewrite(g, node)
+                if new is not None and new != node.id:
+                    for made in sorted(set(g.nx.nodes) - before):
+                        self.push(made)
+                    return new
+                self._drop_dead(sorted(set(g.nx.nodes) - before))
+        return None
+
+    def replace(self, old: int, new: int) -> None:
+        g = self.g
+        users = g.users(old)
+        operands = g.node(old).inputs
+        g.replace_all_uses(old, new)
+        for u in users:
+            self.push(u)
+        self.push(new)
+        for i in g.node(new).inputs:  # an operand's use count changed: absorbed or not
+            self.push(i)
+        self._drop_dead([old])
+        for i in operands:
+            if i in g.nx:
+                self.push(i)
+
+    def _drop_dead(self, candidates: list[int]) -> None:
+        """Delete nodes nothing uses (and what only they used), so use counts stay true."""
+        g = self.g
+        outputs = set(g.outputs.values())
+        stack = list(candidates)
+        while stack:
+            nid = stack.pop()
+            if nid not in g.nx or nid in outputs or g.users(nid):
+                continue
+            node = g.node(nid)
+            if node.op is ARG and node.attrs["name"] in self.keep:
+                continue
+            g.remove(nid)
+            stack.extend(node.inputs)
+            for i in node.inputs:
+                self.push(i)
 
 
 def canonicalize_graph(g: Graph, keep_args: set[str]) -> Graph:
-    """Run the rewrites on a copy of ``g`` until none applies."""
+    """Apply the rules of ``RULES`` and CSE to a copy of ``g`` until none applies."""
     g = g.copy()
-    for _ in range(50):
-        changed = _fold_constants(g)
-        changed |= _identities(g)
-        changed |= _cse(g)
-        remove_dead(g, keep_args)
-        changed |= _reassociate(g)
-        remove_dead(g, keep_args)
-        if not changed:
-            break
+    _Rewriter(g, keep_args).run()
+    remove_dead(g, keep_args)
     return g
 
 

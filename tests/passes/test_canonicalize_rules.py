@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 
 import rnnc
@@ -81,3 +82,83 @@ def test_random_cell_gradients_against_finite_differences(cell) -> None:
             minus[key][idx] -= eps
             want[idx] = (_loss(cell, plus, d, T, B) - _loss(cell, minus, d, T, B)) / (2 * eps)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6, err_msg=key)
+
+
+# Sums with repeated terms: each (name, expression) is applied to DSL values and to NumPy
+# arrays alike, and the compiled cell must agree with a float64 NumPy loop of it.
+REPEATED_TERMS = {
+    "bias-twice": lambda x, h, W, U, b: x @ W + b + b,
+    "matmul-twice": lambda x, h, W, U, b: x @ W + x @ W + b,
+    "bias-twice-around-recurrent": lambda x, h, W, U, b: x @ W + b + h @ U + b,
+    "bias-thrice-matmuls-twice": lambda x, h, W, U, b: b + x @ W + b + h @ U + h @ U + b + x @ W,
+    "more-biases-than-matmuls": lambda x, h, W, U, b: b + b + x @ W + b,
+    "shared-sum": lambda x, h, W, U, b: (x @ W + b) * (x @ W + b + h @ U),
+}
+
+
+def _repeated_cell(expr) -> rnnc.Cell:
+    c = rnnc.Cell("r")
+    x = c.input("x", 3)
+    h = c.state("h", 4)
+    W = c.param("W", (3, 4))
+    U = c.param("U", (4, 4))
+    b = c.param("b", (4,))
+    hn = rnnc.tanh(expr(x, h, W, U, b)) * 0.5 + h * 0.5
+    c.update(h=hn)
+    c.output("y", hn)
+    return c
+
+
+def _repeated_reference(expr, xs: np.ndarray, p: dict) -> np.ndarray:
+    h = np.zeros((xs.shape[1], 4))
+    ys = []
+    for x in xs:
+        h = np.tanh(expr(x, h, p["W"], p["U"], p["b"])) * 0.5 + h * 0.5
+        ys.append(h)
+    return np.stack(ys)
+
+
+@pytest.mark.parametrize("backend", [{"backend": "numpy"}, {"backend": "llvm"},
+                                     {"backend": "cuda", "emulate": True}],
+                         ids=["numpy", "llvm", "cuda-emulate"])
+@pytest.mark.parametrize("name", sorted(REPEATED_TERMS))
+def test_repeated_terms_keep_their_multiplicity(name: str, backend: dict) -> None:
+    expr = REPEATED_TERMS[name]
+    cell = _repeated_cell(expr)
+    p = cell.init_params(seed=1, dtype=np.float64)
+    xs = np.random.default_rng(0).standard_normal((6, 2, 3))
+    ys, _ = rnnc.compile(cell, **backend)(xs, p)
+    np.testing.assert_allclose(ys["y"], _repeated_reference(expr, xs, p), rtol=1e-12,
+                               atol=1e-12)
+
+
+def test_reassociation_counts_terms_with_multiplicity() -> None:
+    cell = _repeated_cell(REPEATED_TERMS["bias-twice"])
+    body = run(cell.program(), ["canonicalize"]).scan.body
+    adds = [n for n in body.nodes() if n.op is ops.add]
+    b = body.args()["b"]
+    assert sum(n.inputs.count(b) for n in adds) == 2, format_program(
+        run(cell.program(), ["canonicalize"]))
+
+
+def test_rules_are_a_table_reaching_a_fixed_point() -> None:
+    from rnnc.passes import canonicalize as module
+
+    assert all(isinstance(r, module.Rule) for r in module.RULES)
+    assert len({r.name for r in module.RULES}) == len(module.RULES)
+    # A long sum with repeats settles in one run, and a second run changes nothing.
+    expr = lambda x, h, W, U, b: sum([x @ W, b, h @ U, b, x @ W, b] * 8, b)  # noqa: E731
+    once = run(_repeated_cell(expr).program(), ["canonicalize"])
+    assert format_program(run(once, ["canonicalize"])) == format_program(once)
+
+
+def test_a_rule_that_never_settles_is_an_error(monkeypatch) -> None:
+    from rnnc.passes import canonicalize as module
+
+    def flip(g, node):  # a + b -> b + a, forever
+        a, b = node.inputs
+        return g.add(ops.add, (b, a), origin="test") if a != b else None
+
+    monkeypatch.setattr(module, "RULES", (module.Rule("flip", ops.add, flip),))
+    with pytest.raises(RuntimeError, match="fixed point"):
+        run(rnnc.cells.rnn(3, 4).program(), ["canonicalize"])
