@@ -51,12 +51,24 @@ PIPELINES: dict[str, tuple[str, ...]] = {
 MODES = tuple(PIPELINES)
 PIPELINES["prepare"] = PREPARE
 
+# The oracle: the traced program with only the passes that give it its meaning (variable
+# lengths and differentiation), no optimization.
+ORACLE: dict[str, tuple[str, ...]] = {
+    "inference": (),
+    "forward": ("autodiff-forward",),
+    "backward": ("autodiff-backward",),
+    "prepare": (),
+}
 
-def pipeline(mode: str, masked: bool = False) -> tuple[str, ...]:
-    """The pass names run for ``mode``; variable lengths put mask-lengths first."""
+
+def pipeline(mode: str, masked: bool = False, optimize: bool = True) -> tuple[str, ...]:
+    """The pass names run for ``mode``; variable lengths put mask-lengths first.
+
+    ``optimize=False`` gives the oracle's pipeline: mask-lengths and autodiff only."""
     if mode not in PIPELINES:
         raise RnncValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    return (("mask-lengths",) if masked else ()) + PIPELINES[mode]
+    table = PIPELINES if optimize else ORACLE
+    return (("mask-lengths",) if masked else ()) + table[mode]
 
 
 def run(program: Program, names: Iterable[str], callback: Callback | None = None) -> Program:

@@ -21,6 +21,7 @@ from rnnc.dsl import (
 from rnnc.errors import (
     BackendUnavailable,
     CellError,
+    CheckError,
     RnncError,
     RnncTypeError,
     RnncValueError,
@@ -34,6 +35,7 @@ __all__ = [
     "BackendUnavailable",
     "Cell",
     "CellError",
+    "CheckError",
     "Function",
     "Grads",
     "RNN",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -49,11 +50,18 @@ class Grads:
 class Function:
     """A cell compiled for one backend: inference, training forward and backward."""
 
-    def __init__(self, cell: Cell, backend: str = "numpy", **options: Any) -> None:
+    def __init__(self, cell: Cell, backend: str = "numpy", *, optimize: bool = True,
+                 check: bool | None = None, **options: Any) -> None:
         if not isinstance(cell, Cell):
             raise RnncTypeError(f"compile() takes an rnnc.Cell, got {type(cell).__name__}")
+        if not isinstance(optimize, bool):
+            raise RnncTypeError(f"optimize must be True or False, got {optimize!r}")
+        if not optimize and backend != "numpy":
+            raise RnncValueError(f"optimize=False is the NumPy oracle: it needs backend='numpy', "
+                                 f"got backend={backend!r}")
         cell.check()
         self.cell = cell
+        self.optimize = optimize
         self.backend = backends.get(backend, **options)
         self._base = cell.program()
         self._programs: dict[tuple[str, str, bool], Program] = {}
@@ -64,21 +72,30 @@ class Function:
         self.params = cell.sizes("param")
         self.outputs = tuple(cell.outputs)
         self._text = format_program(self._base)
-        prepared = _optimized(self._text, self._base, passes.pipeline("prepare"))
+        prepared = _optimized(self._text, self._base, self._pipeline("prepare", False))
         self.layout = Layout(
             [b for b in prepared.meta.get("layout", ())] or Layout.identity(self.params).blocks,
             self.params)
+        if check is None:
+            check = os.environ.get("RNNC_CHECK", "").strip() not in ("", "0")
+        if check and optimize:
+            from rnnc.check import check_function
+
+            check_function(self)
+
+    def _pipeline(self, mode: str, lengths: bool) -> tuple[str, ...]:
+        return passes.pipeline(mode, lengths, self.optimize)
 
     # -- programs
     def program(self, mode: str = "inference", dtype: str = "f32", lengths: bool = False,
                 callback: passes.Callback | None = None) -> Program:
         """The optimized program for ``mode`` ("inference", "forward", "backward")."""
         if callback is not None:
-            return passes.run(retype(self._base, dtype), passes.pipeline(mode, lengths), callback)
+            return passes.run(retype(self._base, dtype), self._pipeline(mode, lengths), callback)
         key = (mode, dtype, lengths)
         if key not in self._programs:
             self._programs[key] = _optimized(self._text, retype(self._base, dtype),
-                                             passes.pipeline(mode, lengths))
+                                             self._pipeline(mode, lengths))
         return self._programs[key]
 
     def _runner(self, mode: str, dtype: str, masked: bool):
@@ -241,9 +258,16 @@ def _cotangents(kind: str, shapes: Mapping[str, tuple], given: Any, dtype: str, 
     return out
 
 
-def compile(cell: Cell, backend: str = "numpy", **options: Any) -> Function:  # noqa: A001
-    """Compile ``cell`` for ``backend`` ("numpy", "llvm" or "cuda")."""
-    return Function(cell, backend, **options)
+def compile(cell: Cell, backend: str = "numpy", *, optimize: bool = True,  # noqa: A001
+            check: bool | None = None, **options: Any) -> Function:
+    """Compile ``cell`` for ``backend`` ("numpy", "llvm" or "cuda").
+
+    ``optimize=False`` (NumPy backend only) interprets the traced program with no optimization
+    passes: the oracle that the compiler is tested against. ``check=True`` (or the environment
+    variable ``RNNC_CHECK=1``) runs the compiled function once on small random inputs against
+    that oracle, inference, training forward and backward, with and without lengths, and raises
+    :class:`rnnc.CheckError` naming the first pass whose output disagrees."""
+    return Function(cell, backend, optimize=optimize, check=check, **options)
 
 
 def dump(cell: Cell, after: str = "all", mode: str = "inference", dtype: str = "f32") -> str:

@@ -25,3 +25,7 @@ class CellError(RnncValueError):
 
 class BackendUnavailable(RnncError, RuntimeError):
     """The requested backend cannot run here (no library, no device)."""
+
+
+class CheckError(RnncError, RuntimeError):
+    """``compile(..., check=True)`` found the compiled function disagreeing with the oracle."""

@@ -1,0 +1,148 @@
+"""The oracle (``optimize=False``) and translation validation (``check=True``).
+
+The oracle is checked against central differences in float64 and against hand-written NumPy
+loops; ``check=True`` must pass on correct code and, on injected faults, name the pass or the
+backend at fault.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rnnc
+from rnnc import api, ops
+from rnnc import backends as backend_registry
+from rnnc.backends.numpy.runtime import NumpyBackend
+from rnnc.passes import canonicalize as canonicalize_module
+from tests.strategies import random_data
+
+
+@pytest.fixture(autouse=True)
+def _fresh_optimized_programs():
+    """Faults injected here must not leak optimized programs into other tests."""
+    api._OPTIMIZED.clear()
+    yield
+    api._OPTIMIZED.clear()
+
+
+def _loss(fn, x, params, states, d_out, d_st) -> float:
+    ys, st = fn(x, params, states=states)
+    return float(sum(np.sum(ys[k] * d_out[k]) for k in ys)
+                 + sum(np.sum(st[k] * d_st[k]) for k in st))
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru", "mgu", "rnn"])
+def test_oracle_gradients_match_central_differences(name: str) -> None:
+    cell = getattr(rnnc.cells, name)(2, 3)
+    fn = rnnc.compile(cell, optimize=False)
+    x, params, states = random_data(cell, T=3, B=2, seed=5)
+    rng = np.random.default_rng(6)
+    ys, st, tape = fn.forward(x, params, states=states)
+    d_out = {k: rng.standard_normal(v.shape) for k, v in ys.items()}
+    d_st = {k: rng.standard_normal(v.shape) for k, v in st.items()}
+    g = fn.backward(tape, d_outputs=d_out, d_states=d_st)
+    eps = 1e-6
+    for kind, arrays, grads in (("param", params, g.params), ("state", states, g.states),
+                                ("input", {"x": x}, {"x": g.x})):
+        for key, arr in arrays.items():
+            want = np.zeros_like(arr)
+            for idx in np.ndindex(arr.shape):
+                saved = arr[idx]
+                arr[idx] = saved + eps
+                plus = _loss(fn, x, params, states, d_out, d_st)
+                arr[idx] = saved - eps
+                minus = _loss(fn, x, params, states, d_out, d_st)
+                arr[idx] = saved
+                want[idx] = (plus - minus) / (2 * eps)
+            np.testing.assert_allclose(grads[key], want, rtol=1e-6, atol=1e-8,
+                                       err_msg=f"{kind} {key}")
+
+
+def test_oracle_runs_no_optimization_pass() -> None:
+    cell = rnnc.cells.lstm(3, 4)
+    fn = rnnc.compile(cell, optimize=False)
+    traced = cell.program()
+    p = fn.program("inference", "f32")
+    assert [n.op.name for n in p.scan.body.nodes()] == [n.op.name for n in traced.scan.body.nodes()]
+    assert fn.op_counts()["loop"]["matmul"] == 8  # nothing fused, nothing hoisted
+
+
+def test_oracle_matches_a_hand_written_loop_with_lengths() -> None:
+    cell = rnnc.cells.rnn(3, 4)
+    x, p, s = random_data(cell, T=5, B=3, seed=2)
+    lens = np.array([5, 2, 4])
+    ys, st = rnnc.compile(cell, optimize=False)(x, p, states=s, lengths=lens)
+    h = s["h"].copy()
+    want = np.zeros((5, 3, 4))
+    for t in range(5):
+        new = np.tanh(x[t] @ p["W_ih"] + p["b_ih"] + h @ p["W_hh"] + p["b_hh"])
+        alive = (t < lens)[:, None]
+        h = np.where(alive, new, h)
+        want[t] = np.where(alive, new, 0.0)
+    np.testing.assert_allclose(ys["y"], want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(st["h"], h, rtol=1e-12, atol=1e-12)
+
+
+def test_oracle_is_numpy_only() -> None:
+    with pytest.raises(rnnc.RnncValueError, match="backend='numpy'"):
+        rnnc.compile(rnnc.cells.rnn(3, 4), backend="llvm", optimize=False)
+    with pytest.raises(rnnc.RnncTypeError, match="optimize"):
+        rnnc.compile(rnnc.cells.rnn(3, 4), optimize="no")
+
+
+@pytest.mark.parametrize("backend", [{"backend": "numpy"}, {"backend": "llvm"},
+                                     {"backend": "cuda", "emulate": True}],
+                         ids=["numpy", "llvm", "cuda-emulate"])
+def test_check_passes_on_correct_code(backend: dict) -> None:
+    rnnc.compile(rnnc.cells.mgu(3, 4), check=True, **backend)
+
+
+def test_check_names_the_faulty_pass(monkeypatch) -> None:
+    def drop_bias(g, node):  # a wrong rule: x@W + b -> x@W
+        a, b = node.inputs
+        if g.node(a).op is ops.matmul and canonicalize_module._is_bias(g, b):
+            return a
+        return None
+
+    monkeypatch.setattr(canonicalize_module, "RULES", canonicalize_module.RULES
+                        + (canonicalize_module.Rule("wrong", ops.add, drop_bias),))
+    with pytest.raises(rnnc.CheckError, match="first pass whose output disagrees is "
+                                              "'canonicalize'"):
+        rnnc.compile(rnnc.cells.rnn(3, 4), check=True)
+
+
+class _Faulty(NumpyBackend):
+    """The NumPy backend with one wrong result: stands for a code-generation fault."""
+
+    name = "faulty"
+
+    def build(self, program):
+        run = super().build(program)
+
+        def wrong(env, dims):
+            out = run(env, dims)
+            name = sorted(out)[0]
+            out[name] = out[name] + 0.01
+            return out
+        return wrong
+
+
+def test_check_blames_the_backend_when_every_program_agrees(monkeypatch) -> None:
+    real = backend_registry.get
+    monkeypatch.setattr(backend_registry, "get",
+                        lambda name, **o: _Faulty() if name == "faulty" else real(name, **o))
+    with pytest.raises(rnnc.CheckError, match="'faulty' backend"):
+        rnnc.compile(rnnc.cells.gru(3, 4), backend="faulty", check=True)
+
+
+def test_rnnc_check_environment_variable(monkeypatch) -> None:
+    real = backend_registry.get
+    monkeypatch.setattr(backend_registry, "get",
+                        lambda name, **o: _Faulty() if name == "faulty" else real(name, **o))
+    rnnc.compile(rnnc.cells.gru(3, 4), backend="faulty")  # no check by default
+    monkeypatch.setenv("RNNC_CHECK", "1")
+    with pytest.raises(rnnc.CheckError):
+        rnnc.compile(rnnc.cells.gru(3, 4), backend="faulty")
+    monkeypatch.setenv("RNNC_CHECK", "0")
+    rnnc.compile(rnnc.cells.gru(3, 4), backend="faulty")
