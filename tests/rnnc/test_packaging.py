@@ -59,11 +59,6 @@ def test_subpackages_import_from_their_folders(module: str, folder: str) -> None
         assert path.parent == ROOT / folder, path
 
 
-def test_numpy_backend_imports() -> None:
-    importlib.import_module("rnnc.backends.numpy.runtime")
-    importlib.import_module("rnnc.backends.numpy.rules")
-
-
 def test_errors_are_standard_exceptions() -> None:
     assert issubclass(rnnc.RnncValueError, ValueError)
     assert issubclass(rnnc.RnncTypeError, TypeError)
