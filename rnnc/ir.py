@@ -81,9 +81,17 @@ class Graph:
         self.dtype = dtype
         self.nx = nx.MultiDiGraph()
         self.outputs: dict[str, int] = {}
+        self._order: list[int] | None = None  # topological order, until the next edit
+        self._args: dict[str, int] | None = None
+
+    def _edited(self) -> None:
+        """Forget the cached analyses: every structural edit goes through here."""
+        self._order = None
+        self._args = None
 
     # -- construction
     def _insert(self, node: Node) -> int:
+        self._edited()
         self.nx.add_node(node.id, node=node)
         for pos, src in enumerate(node.inputs):
             self.nx.add_edge(src, node.id, key=pos)
@@ -129,12 +137,17 @@ class Graph:
         return [self.node(n) for n in self.topo()]
 
     def topo(self) -> list[int]:
-        """Deterministic topological order (creation order breaks ties)."""
-        return list(nx.lexicographical_topological_sort(self.nx))
+        """Deterministic topological order (creation order breaks ties), computed once per
+        edit of the graph."""
+        if self._order is None:
+            self._order = list(nx.lexicographical_topological_sort(self.nx))
+        return list(self._order)
 
     def args(self) -> dict[str, int]:
-        return {self.node(n).attrs["name"]: n for n in sorted(self.nx.nodes)
-                if self.node(n).op is ARG}
+        if self._args is None:
+            self._args = {self.node(n).attrs["name"]: n for n in sorted(self.nx.nodes)
+                          if self.node(n).op is ARG}
+        return dict(self._args)
 
     def users(self, nid: int) -> list[int]:
         return sorted({v for _, v in self.nx.out_edges(nid)})
@@ -170,6 +183,7 @@ class Graph:
                 self.outputs[name] = new
 
     def _rewire(self, node: Node) -> None:
+        self._edited()
         self.nx.remove_edges_from([(u, node.id, k) for u, _, k in
                                    self.nx.in_edges(node.id, keys=True)])
         self.nx.nodes[node.id]["node"] = node
@@ -177,6 +191,7 @@ class Graph:
             self.nx.add_edge(src, node.id, key=pos)
 
     def remove(self, nid: int) -> None:
+        self._edited()
         self.nx.remove_node(nid)
 
     def dead_code(self, keep_args: bool = True) -> set[int]:
