@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.util
+import inspect
 import os
 import sys
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from rnnc.errors import RnncError
+
+# Sizes of `rnnc dump` when --input-size / --hidden-size are not given.
+DEFAULT_SIZES = (32, 64)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -19,12 +26,46 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def load_cell(spec: str, input_size: int, hidden_size: int):
-    """A standard cell name, or ``path/file.py:factory`` called as factory(I, H)."""
+def parse_arg(text: str) -> tuple[str, Any]:
+    """``NAME=VALUE`` of ``--arg``: VALUE is a Python literal, or a bare word taken as text."""
+    name, sep, value = text.partition("=")
+    name = name.strip()
+    if not sep or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE with NAME a Python identifier, "
+                                         f"got {text!r}")
+    try:
+        return name, ast.literal_eval(value.strip())
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        pass
+    if value.strip().isidentifier():  # --arg act=tanh: the string "tanh"
+        return name, value.strip()
+    raise argparse.ArgumentTypeError(f"{name}: {value!r} is not a Python literal (a number, "
+                                     f"True/False/None, a quoted string, a tuple, list or dict)")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _where(err: BaseException, path: str) -> str:
+    """`` at FILE:LINE``: the innermost frame of ``err`` inside the user's file, if any."""
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if os.path.abspath(f.filename) == os.path.abspath(path)]
+    return f" at {path}:{frames[-1].lineno}" if frames else ""
+
+
+def _load_factory(spec: str) -> tuple[Callable[..., Any], str, str | None]:
+    """The factory named by ``spec``, its display name, and the file it came from."""
     from rnnc.cells import NAMED
 
     if spec in NAMED:
-        return NAMED[spec](input_size, hidden_size)
+        return NAMED[spec], f"rnnc.cells.{spec}", None
     path, sep, factory = spec.rpartition(":")
     if not sep or not path.endswith(".py"):
         raise RnncError(f"unknown cell {spec!r}: expected one of {', '.join(sorted(NAMED))} "
@@ -33,11 +74,108 @@ def load_cell(spec: str, input_size: int, hidden_size: int):
         raise RnncError(f"cell file {path!r} does not exist")
     module_spec = importlib.util.spec_from_file_location("rnnc_user_cell", path)
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    try:
+        module_spec.loader.exec_module(module)
+    except RnncError:
+        raise
+    except SyntaxError as err:
+        where = path if os.path.abspath(err.filename or "") == os.path.abspath(path) \
+            else err.filename
+        raise RnncError(f"{where}:{err.lineno}: SyntaxError: {err.msg}") from err
+    except Exception as err:  # the user's module: report its error, not rnnc's traceback
+        raise RnncError(f"running {path} raised {type(err).__name__}{_where(err, path)}: "
+                        f"{err}") from err
     fn = getattr(module, factory, None)
     if not callable(fn):
         raise RnncError(f"{path} has no function {factory!r}")
-    return fn(input_size, hidden_size)
+    return fn, factory, path
+
+
+def _size_parameters(signature: inspect.Signature | None, named: dict[str, Any]
+                     ) -> list[str] | None:
+    """Where the sizes go: the names of the two parameters that take them by keyword, None to
+    pass them positionally (the usual first two), or [] when the factory takes no sizes."""
+    if signature is None:
+        return None
+    params = list(signature.parameters.values())
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return None
+    free = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+            and p.name not in named]
+    if len(free) < 2:
+        return []
+    if free[:2] == params[:2]:
+        return None
+    return [p.name for p in free[:2]]
+
+
+def _plain(signature: inspect.Signature | None) -> str:
+    """``(a, b=2)``: a signature without annotations, as a user reads it in an error."""
+    if signature is None:
+        return "(...)"
+    empty = inspect.Parameter.empty
+    return str(signature.replace(
+        parameters=[p.replace(annotation=empty) for p in signature.parameters.values()],
+        return_annotation=empty))
+
+
+def call_factory(fn: Callable[..., Any], label: str, sizes: tuple[int, int] | None,
+                 named: dict[str, Any], path: str | None = None):
+    """``fn(input_size, hidden_size, **named)``, checked: a clean error for a bad call, an
+    exception inside the factory, or a result that is not a Cell.
+
+    The sizes go to the first two positional parameters that ``named`` leaves free; a factory
+    with fewer such parameters is called with ``named`` alone (then ``sizes`` must be None:
+    not given by the user).
+    """
+    from rnnc.dsl import Cell
+
+    try:
+        signature: inspect.Signature | None = inspect.signature(fn)
+    except (TypeError, ValueError):
+        signature = None
+    targets = _size_parameters(signature, named)
+    given = sizes if sizes is not None else DEFAULT_SIZES
+    args: tuple[int, ...] = ()
+    kwargs = dict(named)
+    if targets is None:
+        args = given
+    elif targets:
+        kwargs.update(zip(targets, given, strict=True))
+    elif sizes is not None:
+        raise RnncError(f"{label}{_plain(signature)} has no parameters left for --input-size and "
+                        f"--hidden-size; pass its parameters with --arg NAME=VALUE")
+    shown = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
+    call = f"{label}({shown})"
+    if signature is not None:
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError as err:
+            raise RnncError(f"cannot call {label}{_plain(signature)} as {call}: {err}; give its "
+                            f"parameters with --arg NAME=VALUE (repeatable)") from None
+    try:
+        cell = fn(*args, **kwargs)
+    except RnncError as err:
+        raise RnncError(f"{call}: {err}") from err
+    except Exception as err:  # the user's code: one line naming the call and the line
+        where = _where(err, path) if path else ""
+        raise RnncError(f"{call} raised {type(err).__name__}{where}: {err}") from err
+    if not isinstance(cell, Cell):
+        got = "None" if cell is None else f"a {type(cell).__name__}"
+        raise RnncError(f"{call} returned {got}, expected an rnnc.Cell "
+                        f"(does the factory end with 'return c'?)")
+    return cell
+
+
+def load_cell(spec: str, input_size: int | None = None, hidden_size: int | None = None,
+              args: dict[str, Any] | None = None):
+    """A standard cell name, or ``path/file.py:factory``, called as
+    ``factory(input_size, hidden_size, **args)``. A file is imported, so its code runs."""
+    fn, label, path = _load_factory(spec)
+    given = (input_size, hidden_size)
+    sizes = None if given == (None, None) else tuple(
+        g if g is not None else d for g, d in zip(given, DEFAULT_SIZES, strict=True))
+    return call_factory(fn, label, sizes, dict(args or {}), path)
 
 
 def _dump(args: argparse.Namespace) -> int:
@@ -46,7 +184,12 @@ def _dump(args: argparse.Namespace) -> int:
     from rnnc.dot import to_dot
     from rnnc.ir import retype
 
-    cell = load_cell(args.cell, args.input_size, args.hidden_size)
+    named: dict[str, Any] = {}
+    for name, value in args.arg:
+        if name in named:
+            raise RnncError(f"--arg {name} given twice")
+        named[name] = value
+    cell = load_cell(args.cell, args.input_size, args.hidden_size, named)
     modes = ("forward", "backward") if args.mode == "train" else ("inference",)
     for mode in modes:
         if args.format == "text":
@@ -80,14 +223,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rnnc", description="rnnc: a compiler for recurrent cells.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    dump = sub.add_parser("dump", help="print a cell's IR after the optimization passes")
+    dump = sub.add_parser(
+        "dump", help="print a cell's IR after the optimization passes",
+        description="Print a cell's IR after the optimization passes. A path/file.py:factory "
+                    "cell imports (runs) that Python file, then calls "
+                    "factory(input_size, hidden_size, **args).")
     dump.add_argument("cell", help="rnn | rnn_relu | lstm | gru | gru_v3 | mgu | peephole_lstm"
                                    " | path/file.py:factory")
     dump.add_argument("--after", default="all", help="a pass name, or 'all' (default)")
     dump.add_argument("--mode", choices=("inference", "train"), default="inference")
     dump.add_argument("--format", choices=("text", "dot"), default="text")
-    dump.add_argument("--input-size", type=int, default=32)
-    dump.add_argument("--hidden-size", type=int, default=64)
+    dump.add_argument("--input-size", type=_positive, default=None,
+                      help=f"the factory's first argument (default {DEFAULT_SIZES[0]})")
+    dump.add_argument("--hidden-size", type=_positive, default=None,
+                      help=f"the factory's second argument (default {DEFAULT_SIZES[1]})")
+    dump.add_argument("--arg", type=parse_arg, action="append", default=[],
+                      metavar="NAME=VALUE",
+                      help="a keyword argument of the factory, repeatable; VALUE is a Python "
+                           "literal (3, 0.5, True, 'text', (1, 2)) or a bare word taken as text. "
+                           "The sizes go to the first two positional parameters that no --arg "
+                           "names; a factory with fewer gets the --arg values only")
     dump.set_defaults(func=_dump)
 
     demo = sub.add_parser("demo", help="define, optimize, check, train and time a custom cell")
@@ -108,13 +263,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    for name in ("input_size", "hidden_size"):
-        if getattr(args, name, 1) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be positive")
+    threads = getattr(args, "threads", None)
+    if args.command == "bench" and threads is not None and threads < 1:
+        sys.stderr.write(f"rnnc bench: error: --threads must be a positive integer, got "
+                         f"{threads} (leave it out for all available cores)\n")
+        return 2
     try:
         return args.func(args)
     except RnncError as err:
-        sys.stderr.write(f"rnnc {args.command}: error: {err}\n")
+        message = " ".join(str(err).split("\n"))
+        sys.stderr.write(f"rnnc {args.command}: error: {message}\n")
         return 2
 
 

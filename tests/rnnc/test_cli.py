@@ -2,18 +2,30 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
+import rnnc
 from rnnc.cli import main
+from rnnc.demo import cache_note
 
 
-def rnnc_cli(*args: str) -> subprocess.CompletedProcess:
+def rnnc_cli(*args: str, cwd=None, env=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "rnnc.cli", *args], capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, cwd=cwd, env=env)
+
+
+def assert_one_line_error(res: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    for fragment in fragments:
+        assert fragment in res.stderr, res.stderr
 
 
 @pytest.mark.parametrize("command", [[], ["dump"], ["demo"], ["bench"]])
@@ -31,6 +43,15 @@ def test_help(command):
     ["dump", "no_such_cell"],
     ["dump", "lstm", "--after", "no-such-pass"],
     ["dump", "missing_file.py:factory"],
+    ["dump", "lstm", "--input-size", "-3"],
+    ["dump", "lstm", "--arg", "novalue"],
+    ["dump", "lstm", "--arg", "1x=2"],
+    ["dump", "lstm", "--arg", "n=[1,"],
+    ["dump", "lstm", "--arg", "n=two words"],
+    ["dump", "lstm", "--arg", "reset_after=True"],
+    ["dump", "gru", "--arg", "reset_after=True", "--arg", "reset_after=False"],
+    ["bench", "--threads", "-1"],
+    ["bench", "--threads", "0"],
 ])
 def test_bad_argument_is_one_line_and_exit_2(args):
     res = rnnc_cli(*args)
@@ -73,10 +94,35 @@ def test_dump_user_file(tmp_path, capsys):
     assert "indrnn" in capsys.readouterr().out
 
 
-def test_demo_quick_exits_0():
-    res = rnnc_cli("demo", "--quick")
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "all checks held" in res.stdout
+def test_demo_says_whether_the_cache_was_warm(tmp_path):
+    # A fresh cache directory: the first run compiles, a second process loads what it wrote.
+    env = {**os.environ, "RNNC_CACHE_DIR": str(tmp_path / "cache")}
+    first = rnnc_cli("demo", "--quick", env=env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "all checks held" in first.stdout
+    compiled = [line for line in first.stdout.splitlines() if "compiled and ran in" in line]
+    assert len(compiled) == 1 and "cache cold: compiled to native code now" in compiled[0]
+    assert f"saved to {tmp_path / 'cache'}" in compiled[0]
+    second = rnnc_cli("demo", "--quick", env=env)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert f"cache warm: native code loaded from {tmp_path / 'cache'}" in second.stdout
+    assert "cache cold" not in second.stdout
+
+
+def test_cache_note_numpy_backend_and_memory_hit(tmp_path):
+    cell = rnnc.cells.rnn(2, 3)
+    x = np.zeros((2, 1, 2), np.float32)
+    fn = rnnc.compile(cell, backend="numpy")
+    fn(x, cell.init_params())
+    assert cache_note(fn, ("inference",)) == "interpreted by the NumPy backend: no native code"
+    pytest.importorskip("llvmlite")
+    first = rnnc.compile(cell, backend="llvm", cache_dir=False)
+    first(x, cell.init_params())
+    assert cache_note(first, ("inference",)) == "cache cold: compiled to native code now"
+    again = rnnc.compile(cell, backend="llvm", cache_dir=False)
+    again(x, cell.init_params())
+    assert cache_note(again, ("inference",)) == \
+        "cache warm: native code reused from earlier in this process"
 
 
 def test_dump_file_without_the_factory_is_one_line_and_exit_2(tmp_path):
@@ -85,3 +131,110 @@ def test_dump_file_without_the_factory_is_one_line_and_exit_2(tmp_path):
     res = rnnc_cli("dump", f"{path}:missing")
     assert res.returncode == 2
     assert res.stderr.strip().count("\n") == 0 and "no function 'missing'" in res.stderr
+
+
+# A cell file with factories of other signatures and broken ones, for `rnnc dump FILE:NAME`.
+CELLS = textwrap.dedent("""
+    import rnnc
+
+    def sru(n, scale=1.0):
+        c = rnnc.Cell("sru")
+        x = c.input("x", n)
+        h = c.state("h", n)
+        W = c.param("W", (n, n))
+        new = rnnc.tanh(x @ W + h) * scale
+        c.update(h=new)
+        c.output("y", new)
+        return c
+
+    def sized(input_size, hidden_size, act="tanh"):
+        c = rnnc.Cell("sized_" + act)
+        x = c.input("x", input_size)
+        h = c.state("h", hidden_size)
+        W = c.param("W", (input_size, hidden_size))
+        new = getattr(rnnc, act)(x @ W + h)
+        c.update(h=new)
+        c.output("y", new)
+        return c
+
+    def returns_none(input_size, hidden_size):
+        c = rnnc.Cell("forgot")
+
+    def raises(input_size, hidden_size):
+        raise ValueError("no such variant")
+
+    def bad_shapes(input_size, hidden_size):
+        c = rnnc.Cell("bad")
+        x = c.input("x", input_size)
+        W = c.param("W", (input_size + 1, hidden_size))
+        return x @ W
+
+    def needs_three(a, b, c):
+        pass
+""")
+
+
+RAISE_LINE = CELLS.splitlines().index('    raise ValueError("no such variant")') + 1
+
+
+@pytest.fixture
+def cells_file(tmp_path):
+    path = tmp_path / "cells.py"
+    path.write_text(CELLS)
+    return path
+
+
+def test_dump_factory_of_another_signature_with_arg(cells_file, capsys):
+    assert main(["dump", f"{cells_file}:sru", "--arg", "n=3", "--arg", "scale=0.5",
+                 "--after", "canonicalize"]) == 0
+    out = capsys.readouterr().out
+    assert "program sru inference: after canonicalize (f32)" in out
+    assert "inputs: x: f32[T,B,3]" in out
+    assert "constant[value=0.5]" in out
+
+
+def test_dump_arg_with_sizes_and_a_bare_word(cells_file, capsys):
+    assert main(["dump", f"{cells_file}:sized", "--input-size", "2", "--hidden-size", "5",
+                 "--arg", "act=relu"]) == 0
+    out = capsys.readouterr().out
+    assert "program sized_relu inference: traced (f32)" in out
+    assert "inputs: x: f32[T,B,2]" in out and "states: h: f32[B,5]" in out
+    assert "relu(" in out
+
+
+def test_dump_arg_for_a_standard_cell(capsys):
+    assert main(["dump", "rnn", "--input-size", "2", "--hidden-size", "3",
+                 "--arg", "nonlinearity='relu'", "--after", "canonicalize"]) == 0
+    out = capsys.readouterr().out
+    assert "program rnn_relu inference: after canonicalize (f32)" in out
+
+
+@pytest.mark.parametrize("factory, extra, fragments", [
+    ("returns_none", [], ["returns_none(32, 64) returned None, expected an rnnc.Cell"]),
+    ("raises", [], ["raises(32, 64) raised ValueError at ",
+                    f"cells.py:{RAISE_LINE}: no such variant"]),
+    ("bad_shapes", ["--input-size", "2"], ["bad_shapes(2, 64): ", "inner sizes differ"]),
+    ("needs_three", [], ["cannot call needs_three(a, b, c) as needs_three(32, 64)",
+                         "missing a required argument: 'c'", "--arg NAME=VALUE"]),
+    ("sized", ["--arg", "colour=1"], ["unexpected keyword argument 'colour'"]),
+    ("sru", ["--arg", "n=3", "--hidden-size", "4"],
+     ["sru(n, scale=1.0) has no parameters left for --input-size and --hidden-size"]),
+])
+def test_dump_bad_factory_is_one_line_and_exit_2(cells_file, factory, extra, fragments):
+    assert_one_line_error(rnnc_cli("dump", f"{cells_file}:{factory}", *extra), *fragments)
+
+
+@pytest.mark.parametrize("source, fragments", [
+    ("def f(:\n", ["cells.py:1: SyntaxError"]),
+    ("import rnnc\n\nimport no_such_module_here\n",
+     ["raised ModuleNotFoundError at ", "cells.py:3: No module named 'no_such_module_here'"]),
+])
+def test_dump_cell_file_that_fails_to_import_is_one_line(tmp_path, source, fragments):
+    path = tmp_path / "cells.py"
+    path.write_text(source)
+    assert_one_line_error(rnnc_cli("dump", f"{path}:f"), *fragments)
+
+
+def test_bench_bad_threads_names_the_option():
+    assert_one_line_error(rnnc_cli("bench", "--threads", "-1"),
+                          "--threads must be a positive integer, got -1")
