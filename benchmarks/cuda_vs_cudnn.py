@@ -2,7 +2,7 @@
 
 ``python benchmarks/cuda_vs_cudnn.py [--configs C1,C2,C3,C4] [--cells lstm,gru] [--graph]``
 
-Configurations C1-C4 of BENCHMARKS.md, float32, inference and training (forward + backward of
+Configurations C1-C4 of docs/benchmarks.md, float32, inference and training (forward + backward of
 sum(y)); medians (min-max) of ``--reps`` timed calls after ``--warmup`` calls, and the ratio
 rnnc / cuDNN (lower is better). rnnc is timed through its public API, which takes and returns
 NumPy arrays, so its times include copying inputs to the device and results back; cuDNN gets

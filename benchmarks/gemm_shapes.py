@@ -1,4 +1,4 @@
-"""GFLOP/s of every installed BLAS at the GEMM shapes of BENCHMARKS.md.
+"""GFLOP/s of every installed BLAS at the GEMM shapes of rnnc's benchmarks (docs/benchmarks.md).
 
 ``python benchmarks/gemm_shapes.py [--threads N] [--reps 20] [--shapes 64x512x2048,...]``
 prints one row per M x K x N shape and one column per library found by
@@ -58,7 +58,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--shapes", type=parse_shapes, default=SHAPES,
-                        help="comma-separated MxKxN (default: BENCHMARKS.md's)")
+                        help="comma-separated MxKxN (default: SHAPES in this file)")
     args = parser.parse_args()
     libraries = blas_lib.available()
     if not libraries:

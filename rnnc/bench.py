@@ -35,7 +35,7 @@ import rnnc
 
 @dataclass(frozen=True)
 class Config:
-    """One benchmark shape (BENCHMARKS.md): T steps, B batch, I input, H hidden."""
+    """One benchmark shape (docs/benchmarks.md): T steps, B batch, I input, H hidden."""
 
     name: str
     T: int

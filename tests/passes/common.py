@@ -12,7 +12,7 @@ from rnnc.passes import PASSES, run
 from rnnc.printer import format_program
 from tests.strategies import random_data
 
-# The minimal gated unit of DESIGN.md, as rnnc ships it.
+# The minimal gated unit of the README's "Your own cell", as rnnc ships it.
 mgu = rnnc.cells.mgu
 
 

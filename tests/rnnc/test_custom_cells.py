@@ -116,7 +116,7 @@ def test_peephole_lstm(dtype) -> None:
 # ---------------------------------------------------------------- MGU (DESIGN's example)
 
 
-# The minimal gated unit of DESIGN.md, as rnnc ships it.
+# The minimal gated unit of the README's "Your own cell", as rnnc ships it.
 mgu = rnnc.cells.mgu
 
 

@@ -11,7 +11,7 @@ import rnnc
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-# DESIGN.md, "Public API": the names its examples use.
+# The public API (docs/architecture.md, "Public API"): the names the README's examples use.
 PINNED = [
     "Cell", "compile", "dump", "cells", "sigmoid", "tanh", "relu", "exp", "log", "sqrt",
     "where", "concat", "mean", "sum", "softsign", "layer_norm", "hard_sigmoid", "RnncError",

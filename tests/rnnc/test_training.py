@@ -230,7 +230,7 @@ def peephole_lstm(I: int, H: int) -> rnnc.Cell:
 
 
 def mgu(I: int, H: int) -> rnnc.Cell:
-    """The minimal gated unit of DESIGN.md."""
+    """The minimal gated unit of the README's "Your own cell"."""
     c = rnnc.Cell("mgu")
     x, h = c.input("x", I), c.state("h", H)
     W_f, U_f = c.param("W_f", (I, H)), c.param("U_f", (H, H))
