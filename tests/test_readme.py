@@ -26,6 +26,7 @@ PRINTS = {
     "## Your own cell": ["(32, 64) (20, 8, 32) (8, 64)", "scan forward"],
     "### float32 and float64": ["float64 float64"],
     "## Layers, weights and PyTorch": ["(20, 8, 128) (4, 8, 64) (20, 8, 32)"],
+    "### Trusting a new cell: the oracle and `check=True`": ["True"],
 }
 
 
