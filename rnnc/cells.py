@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import math
+from functools import partial
+
+import numpy as np
+
 from rnnc.dsl import Cell, relu, sigmoid, tanh
+from rnnc.errors import CellError
 
 
 def rnn(input_size: int, hidden_size: int, nonlinearity: str = "tanh") -> Cell:
@@ -25,21 +31,39 @@ def rnn(input_size: int, hidden_size: int, nonlinearity: str = "tanh") -> Cell:
     return c
 
 
-def lstm(input_size: int, hidden_size: int) -> Cell:
-    """LSTM with gates i, f, g, o (PyTorch's nn.LSTM)."""
+def _uniform(bound: float, rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    return rng.uniform(-bound, bound, size=shape)
+
+
+def lstm(input_size: int, hidden_size: int, proj_size: int = 0) -> Cell:
+    """LSTM with gates i, f, g, o (PyTorch's nn.LSTM).
+
+    ``proj_size > 0`` is torch's LSTM with projections: ``h' = (o * tanh(c')) W_hr`` with
+    ``W_hr`` of shape ``(hidden_size, proj_size)``, so ``h`` and the output have
+    ``proj_size`` features, ``c`` keeps ``hidden_size``, and ``W_h*`` are ``(proj_size, H)``.
+    """
+    if isinstance(proj_size, bool) or not isinstance(proj_size, (int, np.integer)) \
+            or not 0 <= proj_size < hidden_size:
+        raise CellError(f"proj_size must be an integer in [0, hidden_size={hidden_size}), got "
+                        f"{proj_size!r}")
+    out = proj_size or hidden_size
+    # torch draws every LSTM parameter from +-1/sqrt(hidden_size), also with projections
+    init = partial(_uniform, 1.0 / math.sqrt(hidden_size)) if proj_size else None
     c = Cell("lstm")
     x = c.input("x", input_size)
-    h = c.state("h", hidden_size)
+    h = c.state("h", out)
     cs = c.state("c", hidden_size)
-    W = {g: c.param(f"W_i{g}", (input_size, hidden_size)) for g in "ifgo"}
-    U = {g: c.param(f"W_h{g}", (hidden_size, hidden_size)) for g in "ifgo"}
-    bi = {g: c.param(f"b_i{g}", (hidden_size,)) for g in "ifgo"}
-    bh = {g: c.param(f"b_h{g}", (hidden_size,)) for g in "ifgo"}
+    W = {g: c.param(f"W_i{g}", (input_size, hidden_size), init) for g in "ifgo"}
+    U = {g: c.param(f"W_h{g}", (out, hidden_size), init) for g in "ifgo"}
+    bi = {g: c.param(f"b_i{g}", (hidden_size,), init) for g in "ifgo"}
+    bh = {g: c.param(f"b_h{g}", (hidden_size,), init) for g in "ifgo"}
     pre = {g: x @ W[g] + bi[g] + h @ U[g] + bh[g] for g in "ifgo"}
     i, f, o = sigmoid(pre["i"]), sigmoid(pre["f"]), sigmoid(pre["o"])
     g = tanh(pre["g"])
     c_new = f * cs + i * g
     h_new = o * tanh(c_new)
+    if proj_size:
+        h_new = h_new @ c.param("W_hr", (hidden_size, proj_size), init)
     c.update(h=h_new, c=c_new)
     c.output("y", h_new)
     return c
@@ -70,7 +94,7 @@ def gru(input_size: int, hidden_size: int, reset_after: bool = True) -> Cell:
 
 
 def mgu(input_size: int, hidden_size: int) -> Cell:
-    """Minimal gated unit (DESIGN.md's example)."""
+    """Minimal gated unit (the README's example of a custom cell)."""
     c = Cell("mgu")
     x = c.input("x", input_size)
     h = c.state("h", hidden_size)
@@ -108,13 +132,23 @@ def peephole_lstm(input_size: int, hidden_size: int) -> Cell:
     return c
 
 
+def rnn_relu(input_size: int, hidden_size: int) -> Cell:
+    """Elman RNN with relu (a module-level factory, so layers using it can be pickled)."""
+    return rnn(input_size, hidden_size, "relu")
+
+
+def gru_v3(input_size: int, hidden_size: int) -> Cell:
+    """GRU v3 (``reset_after=False``) as a picklable two-argument factory."""
+    return gru(input_size, hidden_size, reset_after=False)
+
+
 STANDARD = {
     "rnn": rnn,
     "rnn_tanh": rnn,
-    "rnn_relu": lambda i, h: rnn(i, h, "relu"),
+    "rnn_relu": rnn_relu,
     "lstm": lstm,
     "gru": gru,
-    "gru_v3": lambda i, h: gru(i, h, reset_after=False),
+    "gru_v3": gru_v3,
 }
 
 # Every cell `rnnc dump NAME` knows by name.

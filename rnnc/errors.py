@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 
 class RnncError(Exception):
     """Base class of every error rnnc raises on purpose."""
@@ -29,3 +31,12 @@ class BackendUnavailable(RnncError, RuntimeError):
 
 class CheckError(RnncError, RuntimeError):
     """``compile(..., check=True)`` found the compiled function disagreeing with the oracle."""
+
+
+class RnncRuntimeError(RnncError, RuntimeError):
+    """A value that does not fit the computation (where torch raises RuntimeError: a size
+    mismatch between an input and the module, an empty sequence)."""
+
+
+class RnncPicklingError(RnncError, pickle.PicklingError):
+    """An object that cannot be pickled, such as a layer whose cell factory is a lambda."""

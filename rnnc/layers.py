@@ -15,6 +15,8 @@ Outputs are zero past each sequence's length.
 
 from __future__ import annotations
 
+import copy
+import pickle
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -27,7 +29,7 @@ from rnnc import weights as W
 from rnnc.api import Function, Tape
 from rnnc.api import compile as compile_cell
 from rnnc.dsl import Cell
-from rnnc.errors import CellError, RnncTypeError, RnncValueError
+from rnnc.errors import CellError, RnncPicklingError, RnncTypeError, RnncValueError
 
 CellFactory = Callable[[int, int], Cell]
 Params = dict[str, np.ndarray]
@@ -58,12 +60,12 @@ def fastest_backend() -> str:
 
 
 def _compiled(mode: str | CellFactory, cell: Cell, in_size: int, hidden: int, backend: str,
-              options: Mapping[str, Any]) -> Function:
+              options: Mapping[str, Any], proj_size: int = 0) -> Function:
     """Compile ``cell``; standard cells are shared process-wide since their programs are fixed."""
     if not isinstance(mode, str):
         return compile_cell(cell, backend=backend, **options)
     try:
-        key = (mode, in_size, hidden, backend, tuple(sorted(options.items())))
+        key = (mode, in_size, hidden, proj_size, backend, tuple(sorted(options.items())))
         hash(key)
     except TypeError:
         return compile_cell(cell, backend=backend, **options)
@@ -100,6 +102,34 @@ def _check_int(value: Any, name: str, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
         raise RnncValueError(f"{name} must be an integer >= {low}, got {value!r}")
     return int(value)
+
+
+def check_picklable(mode: str | CellFactory) -> None:
+    """Raise ``RnncPicklingError`` unless pickle can store the cell factory ``mode``.
+
+    A pickled layer keeps its factory and rebuilds its compiled functions from it, so the
+    factory must be importable: a module-level function (or a mode string), not a lambda or a
+    function defined inside another one.
+    """
+    if isinstance(mode, str):
+        return
+    try:
+        pickle.dumps(mode)
+    except Exception as err:  # noqa: BLE001 - pickle raises several kinds for the same cause
+        name = getattr(mode, "__qualname__", type(mode).__name__)
+        raise RnncPicklingError(
+            f"cannot pickle the cell factory {name!r} ({err}); a pickled layer rebuilds its "
+            f"compiled functions from the factory, so define it as a module-level function "
+            f"(def factory(input_size, hidden_size) in an importable module) or use a mode "
+            f"string") from err
+
+
+def check_dropout(value: Any) -> float:
+    """Return ``value`` as a float probability in [0, 1] (1 zeroes everything, as in torch)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not 0.0 <= float(value) <= 1.0:
+        raise RnncValueError(f"dropout must be a probability in [0, 1], got {value!r}")
+    return float(value)
 
 
 def _reverse_index(T: int, B: int, lens: np.ndarray | None) -> np.ndarray | None:
@@ -145,8 +175,8 @@ class RNN:
     def __init__(self, mode: str | CellFactory, input_size: int, hidden_size: int,
                  num_layers: int = 1, bidirectional: bool = False, dropout: float = 0.0,
                  batch_first: bool = False, backend: str | None = "numpy",
-                 seed: int | None = None, dtype: Any = np.float32, **backend_options: Any
-                 ) -> None:
+                 seed: int | None = None, dtype: Any = np.float32, proj_size: int = 0,
+                 **backend_options: Any) -> None:
         if isinstance(mode, str):
             if mode not in MODES:
                 raise RnncValueError(f"mode must be one of {', '.join(map(repr, MODES))} or a "
@@ -158,12 +188,16 @@ class RNN:
         self.input_size = _check_int(input_size, "input_size", 1)
         self.hidden_size = _check_int(hidden_size, "hidden_size", 1)
         self.num_layers = _check_int(num_layers, "num_layers", 1)
+        self.proj_size = _check_int(proj_size, "proj_size", 0)
+        if self.proj_size and mode != "lstm":
+            raise RnncValueError(f"proj_size needs mode 'lstm' (torch's LSTM with projections), "
+                                 f"got mode {mode!r}")
+        if self.proj_size >= self.hidden_size:
+            raise RnncValueError(f"proj_size must be smaller than hidden_size "
+                                 f"({self.hidden_size}), got {self.proj_size}")
         self.bidirectional = bool(bidirectional)
         self.num_directions = 2 if self.bidirectional else 1
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float, np.floating)) \
-                or not 0.0 <= float(dropout) < 1.0:
-            raise RnncValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
-        self.dropout = float(dropout)
+        self.dropout = check_dropout(dropout)
         self.batch_first = bool(batch_first)
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
@@ -178,19 +212,23 @@ class RNN:
         self._rng = np.random.default_rng(seed)
         self._cells: dict[int, Cell] = {}
         self._functions: dict[int, Function] = {}
+        first = self._cell(self.input_size)
+        self.output_name = self._output_name(first)
+        self.output_size = first.graph.node(first.outputs[self.output_name]).shape[-1]
         for k in range(self.num_layers):
             self._function(self.layer_input_size(k))
-        first = self._cells[self.input_size]
-        self.output_name = self._output_name(first)
         self.state_sizes = {n: s[-1] for n, s in first.sizes("state").items()}
         self.params: Grid = self.init_params(int(self._rng.integers(2**31)))
 
     # -- cells and compiled functions
     def layer_input_size(self, layer: int) -> int:
-        """Return the input width of ``layer``: ``input_size``, then ``D * hidden_size``."""
-        return self.input_size if layer == 0 else self.num_directions * self.hidden_size
+        """Return the input width of ``layer``: ``input_size``, then ``D * output_size``
+        (``output_size`` is ``proj_size`` for an LSTM with projections, else ``hidden_size``)."""
+        return self.input_size if layer == 0 else self.num_directions * self.output_size
 
     def _build_cell(self, in_size: int) -> Cell:
+        if self.proj_size:
+            return cells.lstm(in_size, self.hidden_size, proj_size=self.proj_size)
         if isinstance(self.mode, str):
             return cells.STANDARD[self.mode](in_size, self.hidden_size)
         cell = self.mode(in_size, self.hidden_size)
@@ -217,33 +255,53 @@ class RNN:
             raise CellError(f"cell {cell.name!r} has several outputs {names}; a layer uses the "
                             f"one named 'y'")
         width = cell.graph.node(cell.outputs[name]).shape[-1]
-        if width != self.hidden_size:
+        if width != (self.proj_size or self.hidden_size):
             raise CellError(f"output {name!r} of cell {cell.name!r} has {width} features, the "
                             f"layer's hidden_size is {self.hidden_size}")
         return name
 
+    def _cell(self, in_size: int) -> Cell:
+        if in_size not in self._cells:
+            self._cells[in_size] = self._build_cell(in_size)
+        return self._cells[in_size]
+
     def _function(self, in_size: int) -> Function:
+        """Compile on first use: after unpickling, functions are rebuilt here from the cell."""
         if in_size not in self._functions:
-            cell = self._build_cell(in_size)
-            self._cells[in_size] = cell
-            self._functions[in_size] = _compiled(self.mode, cell, in_size, self.hidden_size,
-                                                 self.backend, self.backend_options)
+            self._functions[in_size] = _compiled(self.mode, self._cell(in_size), in_size,
+                                                 self.hidden_size, self.backend,
+                                                 self.backend_options, self.proj_size)
         return self._functions[in_size]
 
     def function(self, layer: int) -> Function:
         """Return the compiled function that runs ``layer`` (shared by equal input widths)."""
-        return self._functions[self.layer_input_size(layer)]
+        return self._function(self.layer_input_size(layer))
 
     def init_params(self, seed: int = 0) -> Grid:
         """Return fresh parameters ``[layer][direction]`` (PyTorch's init), from ``seed``."""
         seeds = np.random.SeedSequence(seed).generate_state(self.num_layers * self.num_directions)
-        return [[self._cells[self.layer_input_size(k)].init_params(
+        return [[self._cell(self.layer_input_size(k)).init_params(
                     int(seeds[k * self.num_directions + d]), self.dtype)
                  for d in range(self.num_directions)] for k in range(self.num_layers)]
 
     def reseed(self, seed: int | None) -> None:
         """Restart the dropout random stream from ``seed``."""
         self._rng = np.random.default_rng(seed)
+
+    # -- pickling: compiled functions hold native code, so they are rebuilt from the cell
+    def __getstate__(self) -> dict[str, Any]:
+        check_picklable(self.mode)
+        return {**self.__dict__, "_cells": {}, "_functions": {}}
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RNN:
+        """Copy everything but the cells and compiled functions, which are immutable: share."""
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        shared = {"mode": self.mode, "_cells": dict(self._cells),
+                  "_functions": dict(self._functions)}
+        new.__dict__.update({k: shared[k] if k in shared else copy.deepcopy(v, memo)
+                             for k, v in self.__dict__.items()})
+        return new
 
     # -- checks
     def _check_params(self, params: Any) -> Grid:
@@ -339,10 +397,10 @@ class RNN:
             else self.dtype
         x = self._check_x(x, dtype)
         T, B = x.shape[:2]
-        if B == 0:
-            raise RnncValueError(f"x has batch size 0 (shape {x.shape})")
         lens = self._check_lengths(lengths, T, B)
         init = self._check_states(states, B, dtype)
+        if B == 0:  # nothing to compute; compiled functions refuse an empty batch
+            return self._run_empty(T, dtype, train)
         L, D = self.num_layers, self.num_directions
         rev = _reverse_index(T, B, lens) if D == 2 else None
         valid = None if lens is None else (np.arange(T)[:, None] < lens[None, :])[:, :, None]
@@ -376,13 +434,35 @@ class RNN:
                 mask = None
                 if (train if apply_dropout is None else apply_dropout) and self.dropout > 0:
                     keep = rng.random(out.shape) >= self.dropout
-                    mask = keep.astype(dtype) / dtype.type(1.0 - self.dropout)
+                    if self.dropout < 1.0:
+                        mask = keep.astype(dtype) / dtype.type(1.0 - self.dropout)
+                    else:  # torch's dropout=1 zeroes everything
+                        mask = np.zeros(out.shape, dtype)
                     out = out * mask
                 masks.append(mask)
             inp = out
         y = inp.transpose(1, 0, 2) if self.batch_first else inp
         tape = LayerTape(self, T, B, dtype, lens, rev, tapes, masks) if train else None
         return np.ascontiguousarray(y), final, tape
+
+    def _run_empty(self, T: int, dtype: np.dtype, train: bool
+                   ) -> tuple[np.ndarray, dict[str, np.ndarray], LayerTape | None]:
+        """The result of an empty batch (B = 0): empty outputs and states, as torch returns."""
+        LD, width = self.num_layers * self.num_directions, self.num_directions * self.output_size
+        y = np.zeros((0, T, width) if self.batch_first else (T, 0, width), dtype)
+        final = {n: np.zeros((LD, 0, s), dtype) for n, s in self.state_sizes.items()}
+        tape = LayerTape(self, T, 0, dtype, None, None, [], []) if train else None
+        return y, final, tape
+
+    def _backward_empty(self, tape: LayerTape) -> LayerGrads:
+        """Zero gradients for an empty batch: every parameter's gradient is a sum over none."""
+        LD, dtype = self.num_layers * self.num_directions, tape.dtype
+        x_shape = (0, tape.T, self.input_size) if self.batch_first else \
+            (tape.T, 0, self.input_size)
+        params = [[{n: np.zeros(a.shape, dtype) for n, a in p.items()} for p in row]
+                  for row in self.params]
+        states = {n: np.zeros((LD, 0, s), dtype) for n, s in self.state_sizes.items()}
+        return LayerGrads(np.zeros(x_shape, dtype), params, states)
 
     def backward(self, tape: LayerTape, d_y: Any = None, d_states: Any = None) -> LayerGrads:
         """Gradients given the loss's gradients w.r.t. ``y`` and the final states.
@@ -396,7 +476,7 @@ class RNN:
                                 f"{type(tape).__name__}")
         if tape.owner is not self:
             raise RnncValueError("this tape was recorded by another layer")
-        L, D, H = self.num_layers, self.num_directions, self.hidden_size
+        L, D, H = self.num_layers, self.num_directions, self.output_size
         T, B, dtype = tape.T, tape.B, tape.dtype
         y_shape = (B, T, D * H) if self.batch_first else (T, B, D * H)
         if d_y is None:
@@ -409,6 +489,8 @@ class RNN:
                 raise RnncTypeError(f"d_y is {d_y.dtype}, expected {dtype}")
             g_in = d_y.transpose(1, 0, 2) if self.batch_first else d_y
         d_st = self._check_states(d_states, B, dtype, "state gradient")
+        if B == 0:
+            return self._backward_empty(tape)
         valid = None if tape.lengths is None else \
             (np.arange(T)[:, None] < tape.lengths[None, :])[:, :, None]
         g_params: Grid = [[{} for _ in range(D)] for _ in range(L)]
@@ -464,7 +546,8 @@ class RNN:
                                  f"{type(module).__name__} with mode {got!r}")
         for attr, want in (("input_size", self.input_size), ("hidden_size", self.hidden_size),
                            ("num_layers", self.num_layers),
-                           ("bidirectional", self.bidirectional), ("proj_size", 0)):
+                           ("bidirectional", self.bidirectional),
+                           ("proj_size", self.proj_size)):
             value = getattr(module, attr, want)
             if value != want:
                 raise RnncValueError(f"load_torch: the module has {attr}={value!r}, this layer "
@@ -485,6 +568,8 @@ class RNN:
         cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}.get(mode, torch.nn.RNN)
         if mode.startswith("rnn_"):
             kwargs.setdefault("nonlinearity", mode[4:])
+        if self.proj_size:
+            kwargs.setdefault("proj_size", self.proj_size)
         dtype = torch.float64 if self.dtype == np.float64 else torch.float32
         module = cls(self.input_size, self.hidden_size, num_layers=self.num_layers,
                      bidirectional=self.bidirectional, batch_first=self.batch_first,
@@ -511,6 +596,8 @@ class RNN:
     def load_flat(self, flat: Any) -> None:
         """Load parameters from a buffer in the order of ``flat_weights``."""
         arr = np.asarray(flat)
+        if self.proj_size:
+            raise RnncValueError("load_flat does not read LSTM projections (proj_size > 0) yet")
         if isinstance(self.mode, str):
             self._set_params(W.from_flat(self.mode, arr, self.input_size, self.hidden_size,
                                          self.num_layers, self.bidirectional))
@@ -537,6 +624,9 @@ class RNN:
             raise RnncValueError(f"{what} needs a single-layer, unidirectional layer; this one "
                                  f"has num_layers={self.num_layers}, "
                                  f"bidirectional={self.bidirectional}")
+        if self.proj_size:
+            raise RnncValueError(f"{what}: Keras has no LSTM with projections (proj_size="
+                                 f"{self.proj_size})")
         return mode
 
     def load_keras(self, kernel: Any, recurrent_kernel: Any, bias: Any = None,

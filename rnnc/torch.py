@@ -18,21 +18,28 @@ by state name.
 
 from __future__ import annotations
 
+import copy
 import math
+import warnings
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
-from torch.autograd.function import once_differentiable
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from rnnc import weights as W
-from rnnc.errors import RnncTypeError, RnncValueError
+from rnnc.errors import RnncRuntimeError, RnncTypeError, RnncValueError
 from rnnc.layers import RNN as Layer
-from rnnc.layers import CellFactory, Grid
+from rnnc.layers import CellFactory, Grid, check_dropout, check_picklable
 
 _TORCH_MODES = {"RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu", "LSTM": "lstm", "GRU": "gru"}
+_TORCH_BASE_NAMES = ("weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr")
+
+
+def _base_name(name: str) -> str:
+    """``weight_ih_l1_reverse`` -> ``weight_ih``: a parameter's name without layer suffix."""
+    return name.rsplit("_l", 1)[0]
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
@@ -52,37 +59,195 @@ def from_numpy(a: Any, like: torch.Tensor) -> torch.Tensor:
     return t if t.device == like.device else t.to(like.device)
 
 
+def _check_arguments(mode: Any, nonlinearity: str | None, input_size: Any, hidden_size: Any,
+                     num_layers: Any, bias: Any, batch_first: Any, dropout: Any, proj_size: Any
+                     ) -> str | CellFactory:
+    """Check the constructor's arguments as ``torch.nn.RNNBase`` does, with its error kinds;
+    return rnnc's mode (``"RNN"`` plus ``nonlinearity`` becomes ``"rnn_tanh"``/``"rnn_relu"``).
+    """
+    if isinstance(mode, str):
+        mode = _TORCH_MODES.get(mode, mode)
+        if mode in ("rnn", "RNN"):
+            nonlinearity = "tanh" if nonlinearity is None else nonlinearity
+            if nonlinearity not in ("tanh", "relu"):
+                raise RnncValueError(f"Unknown nonlinearity {nonlinearity!r}. Select from 'tanh' "
+                                     f"or 'relu'.")
+            mode = f"rnn_{nonlinearity}"
+    if nonlinearity is not None and mode != f"rnn_{nonlinearity}":
+        raise RnncValueError(f"nonlinearity={nonlinearity!r} needs mode 'RNN', got {mode!r}")
+    try:
+        check_dropout(dropout)
+    except RnncValueError:
+        raise RnncValueError(f"dropout should be a number in range [0, 1] representing the "
+                             f"probability of an element being zeroed, got {dropout!r}") from None
+    if dropout > 0 and num_layers == 1:
+        warnings.warn(f"dropout adds dropout after all but the last recurrent layer, so "
+                      f"non-zero dropout expects num_layers greater than 1, but got "
+                      f"dropout={dropout} and num_layers={num_layers}", stacklevel=3)
+    for name, value in (("bias", bias), ("batch_first", batch_first)):
+        if not isinstance(value, bool):
+            raise RnncTypeError(f"{name} should be of type bool, got: {type(value).__name__}")
+    for name, value in (("input_size", input_size), ("hidden_size", hidden_size),
+                        ("num_layers", num_layers), ("proj_size", proj_size)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise RnncTypeError(f"{name} should be of type int, got: {type(value).__name__}")
+        if value < (0 if name == "proj_size" else 1):
+            raise RnncValueError(f"{name} must be greater than zero, got {value}" if
+                                 name != "proj_size" else
+                                 f"proj_size should be a positive integer or zero to disable "
+                                 f"projections, got {value}")
+    if proj_size and mode != "lstm":
+        raise RnncValueError(f"proj_size argument is only supported for LSTM, not {mode!r}")
+    if proj_size >= hidden_size:
+        raise RnncValueError(f"proj_size has to be smaller than hidden_size ({hidden_size}), "
+                             f"got {proj_size}")
+    return mode
+
+
+class _Box:
+    """Carries the layer's tape from ``_Apply.forward`` to ``setup_context`` (not a tensor)."""
+
+    tape: Any = None
+
+
 class _Apply(torch.autograd.Function):
-    """``(x, *states, *params) -> (y, *final_states)`` through rnnc's layer."""
+    """``(x, *states, *params) -> (y, *final_states)`` through rnnc's layer.
+
+    Written in the functorch style (``setup_context`` apart from ``forward``) so that
+    ``torch.func.vmap`` can batch it: the ``vmap`` rule folds the vmapped dimension into the
+    batch when only inputs and states are batched, and loops over it otherwise.
+    """
 
     @staticmethod
-    def forward(ctx: Any, module: RNN, lengths: np.ndarray | None, seed: int | None,
+    def forward(module: RNN, lengths: np.ndarray | None, seed: int | None, box: _Box,
                 x: torch.Tensor, *tensors: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         names = module.state_names
         states = {n: to_numpy(s) for n, s in zip(names, tensors, strict=False) if s is not None}
         grid = module._rnnc_params(tensors[len(names):])
         rng = None if seed is None else np.random.default_rng(seed)
-        y, final, tape = module.layer.forward(to_numpy(x), lengths, states, train=True,
-                                              params=grid, rng=rng,
-                                              apply_dropout=seed is not None)
-        ctx.module, ctx.tape = module, tape
-        ctx.given = [s is not None for s in tensors[:len(names)]]
-        ctx.like = x
+        y, final, box.tape = module.layer.forward(to_numpy(x), lengths, states, train=True,
+                                                  params=grid, rng=rng,
+                                                  apply_dropout=seed is not None)
         return (from_numpy(y, x), *(from_numpy(final[n], x) for n in names))
 
     @staticmethod
-    @once_differentiable
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        module, _, _, box, _, *tensors = inputs
+        ctx.module, ctx.tape = module, box.tape
+        ctx.given = tuple(s is not None for s in tensors[:len(module.state_names)])
+
+    @staticmethod
     def backward(ctx: Any, d_y: torch.Tensor, *d_final: torch.Tensor
                  ) -> tuple[torch.Tensor | None, ...]:
-        module: RNN = ctx.module
+        def run(*cotangents: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return _Backward.apply(ctx.module, ctx.tape, ctx.given, *cotangents)
+
+        grads = list(_legacy_vmap_loop(run, (d_y, *d_final)))
+        d_x = grads.pop(0)
+        d_states = [grads.pop(0) if given else None for given in ctx.given]
+        return (None, None, None, None, d_x, *d_states, *grads)
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple[int | None, ...], module: RNN,
+             lengths: np.ndarray | None, seed: int | None, box: _Box, x: torch.Tensor,
+             *tensors: torch.Tensor | None) -> tuple[tuple[torch.Tensor, ...], tuple[int, ...]]:
+        n_states = len(module.state_names)
+        dims = in_dims[4:]
+        if all(d is None for d in dims[1 + n_states:]):
+            return _fold_vmap(info.batch_size, dims, module, lengths, seed, x, tensors)
+        return _loop_vmap(info.batch_size, dims, lambda *a: _Apply.apply(
+            module, lengths, seed, _Box(), *a), (x, *tensors))
+
+
+def _fold_vmap(V: int, dims: tuple[int | None, ...], module: RNN, lengths: np.ndarray | None,
+               seed: int | None, x: torch.Tensor, tensors: tuple[torch.Tensor | None, ...]
+               ) -> tuple[tuple[torch.Tensor, ...], tuple[int, ...]]:
+    """Run a vmap over inputs and states only as one call with batch ``V * B``."""
+    axis = 0 if module.batch_first else 1  # the batch axis of x; states have it at 1
+    n_states = len(module.state_names)
+
+    def fold(t: torch.Tensor | None, dim: int | None, at: int) -> torch.Tensor | None:
+        if t is None:
+            return None
+        t = t.unsqueeze(0).expand(V, *t.shape) if dim is None else t.movedim(dim, 0)
+        t = t.movedim(0, at)  # (..., V, B, ...): V becomes the outer part of the batch
+        return t.reshape(*t.shape[:at], -1, *t.shape[at + 2:])
+
+    xs = fold(x, dims[0], axis)
+    states = [fold(s, d, 1) for s, d in zip(tensors[:n_states], dims[1:1 + n_states],
+                                            strict=True)]
+    lens = None if lengths is None else np.tile(lengths, V)
+    y, *final = _Apply.apply(module, lens, seed, _Box(), xs, *states, *tensors[n_states:])
+    unfold = [(y, axis)] + [(f, 1) for f in final]
+    out = tuple(t.reshape(*t.shape[:at], V, -1, *t.shape[at + 1:]) for t, at in unfold)
+    return out, tuple(at for _, at in unfold)
+
+
+def _loop_vmap(V: int, dims: tuple[int | None, ...], run: Any,
+               args: tuple[torch.Tensor | None, ...]
+               ) -> tuple[tuple[torch.Tensor, ...], tuple[int, ...]]:
+    """Run a vmap as ``V`` calls, one per slice, stacking the results on dimension 0."""
+    results = []
+    for i in range(V):
+        results.append(run(*(a if d is None or a is None else a.select(d, i)
+                             for a, d in zip(args, dims, strict=True))))
+    out = tuple(torch.stack(parts) for parts in zip(*results, strict=True))
+    return out, (0,) * len(out)
+
+
+def _legacy_vmap_loop(run: Any, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """``run(*args)``, looping over the batch when ``args`` are batched by the legacy
+    ``torch._vmap_internals.vmap`` (what ``gradcheck(check_batched_grad=True)`` uses over
+    backward), which, unlike ``torch.func.vmap``, ignores an autograd.Function's vmap rule.
+    """
+    batched = [torch._C._functorch.is_legacy_batchedtensor(a) for a in args]
+    if not any(batched):
+        return run(*args)
+    level = torch._C._vmapmode_increment_nesting() - 1  # the innermost level: the caller's
+    torch._C._vmapmode_decrement_nesting()
+    # batch size 1 is only a hint: a batched tensor comes back with its own batch size
+    physical = [torch._remove_batch_dim(a, level, 1, 0) if b else a
+                for a, b in zip(args, batched, strict=True)]
+    V = next(p.shape[0] for p, b in zip(physical, batched, strict=True) if b)
+    results = [run(*(p[i] if b else p for p, b in zip(physical, batched, strict=True)))
+               for i in range(V)]
+    return tuple(torch._add_batch_dim(torch.stack(parts), 0, level)
+                 for parts in zip(*results, strict=True))
+
+
+class _Backward(torch.autograd.Function):
+    """``(d_y, *d_final) -> (d_x, *d_given_states, *d_params)`` from a forward's tape.
+
+    A function of its own so that a vmap over gradients (``gradcheck``'s batched checks)
+    has a rule: a loop over the cotangents, reusing the tape. Its own derivative (double
+    backward) is not implemented and raises instead of returning silent zeros.
+    """
+
+    @staticmethod
+    def forward(module: RNN, tape: Any, given: tuple[bool, ...], d_y: torch.Tensor,
+                *d_final: torch.Tensor) -> tuple[torch.Tensor, ...]:
         names = module.state_names
-        g = module.layer.backward(ctx.tape, to_numpy(d_y),
+        g = module.layer.backward(tape, to_numpy(d_y),
                                   {n: to_numpy(d) for n, d in zip(names, d_final, strict=True)})
-        like = ctx.like
-        d_states = [from_numpy(g.states[n], like) if given else None
-                    for n, given in zip(names, ctx.given, strict=True)]
-        d_params = [from_numpy(a, like) for a in module._torch_grads(g.params)]
-        return (None, None, None, from_numpy(g.x, like), *d_states, *d_params)
+        d_states = [from_numpy(g.states[n], d_y) for n, k in zip(names, given, strict=True) if k]
+        d_params = [from_numpy(a, d_y) for a in module._torch_grads(g.params)]
+        return (from_numpy(g.x, d_y), *d_states, *d_params)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        pass
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        raise RnncRuntimeError("rnnc.torch.RNN is differentiable once: double backward "
+                               "(create_graph=True, gradgradcheck) is not implemented")
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple[int | None, ...], module: RNN, tape: Any,
+             given: tuple[bool, ...], d_y: torch.Tensor, *d_final: torch.Tensor
+             ) -> tuple[tuple[torch.Tensor, ...], tuple[int, ...]]:
+        return _loop_vmap(info.batch_size, in_dims[3:], lambda *a: _Backward.apply(
+            module, tape, given, *a), (d_y, *d_final))
 
 
 class RNN(nn.Module):
@@ -96,20 +261,24 @@ class RNN(nn.Module):
 
     def __init__(self, mode: str | CellFactory, input_size: int, hidden_size: int,
                  num_layers: int = 1, bias: bool = True, batch_first: bool = False,
-                 dropout: float = 0.0, bidirectional: bool = False, backend: str | None = None,
-                 device: Any = None, dtype: torch.dtype | None = None, **backend_options: Any
-                 ) -> None:
+                 dropout: float = 0.0, bidirectional: bool = False, proj_size: int = 0,
+                 backend: str | None = None, device: Any = None,
+                 dtype: torch.dtype | None = None, *, nonlinearity: str | None = None,
+                 **backend_options: Any) -> None:
         super().__init__()
-        if isinstance(mode, str):
-            mode = _TORCH_MODES.get(mode, mode)
+        mode = _check_arguments(mode, nonlinearity, input_size, hidden_size, num_layers, bias,
+                                batch_first, dropout, proj_size)
         self.layer = Layer(mode, input_size, hidden_size, num_layers=num_layers,
                            bidirectional=bidirectional, dropout=dropout,
-                           batch_first=batch_first, backend=backend, seed=0, **backend_options)
+                           batch_first=batch_first, backend=backend, seed=0,
+                           proj_size=proj_size, **backend_options)
         self.mode = mode
+        if mode in ("rnn_tanh", "rnn_relu"):
+            self.nonlinearity = mode[4:]
         self.input_size, self.hidden_size = input_size, hidden_size
         self.num_layers, self.bidirectional = num_layers, bool(bidirectional)
-        self.bias, self.batch_first, self.dropout = bool(bias), bool(batch_first), float(dropout)
-        self.proj_size = 0
+        self.bias, self.batch_first = bias, batch_first
+        self.proj_size = proj_size
         self.state_names = tuple(self.layer.state_sizes)
         if not self.bias and not isinstance(mode, str):
             raise RnncValueError("bias=False needs a standard mode; a custom cell declares its "
@@ -134,11 +303,46 @@ class RNN(nn.Module):
         in_k, H = self.layer.layer_input_size(k), self.hidden_size
         if not isinstance(self.mode, str):
             return {n: a.shape for n, a in self.layer.params[k][0].items()}
-        gh = W.num_gates(self.mode) * H
-        shapes = {"weight_ih": (gh, in_k), "weight_hh": (gh, H)}
+        gh, P = W.num_gates(self.mode) * H, self.proj_size
+        shapes = {"weight_ih": (gh, in_k), "weight_hh": (gh, P or H)}
         if self.bias:
             shapes.update({"bias_ih": (gh,), "bias_hh": (gh,)})
+        if P:
+            shapes["weight_hr"] = (P, H)
         return shapes
+
+    @property
+    def dropout(self) -> float:
+        """Dropout between layers; assigning it takes effect at the next forward, as in torch."""
+        return self.layer.dropout
+
+    @dropout.setter
+    def dropout(self, value: float) -> None:
+        self.layer.dropout = check_dropout(value)
+
+    @property
+    def _flat_weights_names(self) -> list[str]:
+        return [n for row in self._param_names for names in row for n in names]
+
+    @property
+    def _flat_weights(self) -> list[nn.Parameter]:
+        return self._flat_parameters()
+
+    @property
+    def all_weights(self) -> list[list[nn.Parameter]]:
+        """The parameters of each pseudo-layer (layer, direction), as torch's ``all_weights``."""
+        return [[getattr(self, n) for n in names] for row in self._param_names for names in row]
+
+    def __getstate__(self) -> dict[str, Any]:
+        check_picklable(self.mode)  # fail here, naming the fix, not deep inside pickle
+        return super().__getstate__()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RNN:
+        """A deep copy needs no pickling, so any cell factory (even a lambda) is fine."""
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        new.__setstate__(copy.deepcopy(nn.Module.__getstate__(self), memo))
+        return new
 
     @staticmethod
     def _torch_name(name: str, k: int, reverse: bool) -> str:
@@ -165,13 +369,14 @@ class RNN(nn.Module):
             for names in row:
                 arrays = [to_numpy(t) for t in tensors[pos:pos + len(names)]]
                 pos += len(names)
+                by_base = dict(zip(map(_base_name, names), arrays, strict=True))
                 if isinstance(self.mode, str):
-                    w_ih, w_hh, *b = arrays
-                    b_ih, b_hh = b if b else (None, None)
-                    out_row.append(W.from_torch_layer(self.mode, w_ih, w_hh, b_ih, b_hh))
+                    out_row.append(W.from_torch_layer(
+                        self.mode, by_base["weight_ih"], by_base["weight_hh"],
+                        by_base.get("bias_ih"), by_base.get("bias_hh"),
+                        weight_hr=by_base.get("weight_hr")))
                 else:
-                    base = [n.rsplit("_l", 1)[0] for n in names]
-                    out_row.append(dict(zip(base, arrays, strict=True)))
+                    out_row.append(by_base)
             grid.append(out_row)
         return grid
 
@@ -180,10 +385,10 @@ class RNN(nn.Module):
         out: list[np.ndarray] = []
         for row, names_row in zip(grads, self._param_names, strict=True):
             for g, names in zip(row, names_row, strict=True):
-                if isinstance(self.mode, str):
-                    out.extend(W.to_torch_layer(self.mode, g)[:len(names)])
-                else:
-                    out.extend(g[n.rsplit("_l", 1)[0]] for n in names)
+                if isinstance(self.mode, str):  # 5 arrays with projections, else 4
+                    g = dict(zip(_TORCH_BASE_NAMES, W.to_torch_layer(self.mode, g),
+                                 strict=False))
+                out.extend(g[_base_name(n)] for n in names)
         return out
 
     def _states_in(self, hx: Any) -> list[torch.Tensor | None]:
@@ -197,6 +402,41 @@ class RNN(nn.Module):
             raise RnncValueError(f"hx must hold {len(self.state_names)} tensors "
                                  f"({', '.join(self.state_names)}), got {len(hx)}")
         return list(hx)
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        """Raise what torch raises for a bad input (same error kinds, rnnc's classes)."""
+        name = self.mode.upper() if isinstance(self.mode, str) else "RNN"
+        if x.dim() not in (2, 3):
+            raise RnncValueError(f"{name}: Expected input to be 2D or 3D, got {x.dim()}D instead")
+        dtype = self._flat_parameters()[0].dtype
+        if x.dtype != dtype:
+            raise RnncValueError(f"input dtype ({x.dtype}) does not match weight dtype ({dtype})")
+        if x.shape[-1] != self.input_size:
+            raise RnncRuntimeError(f"input.size(-1) must be equal to input_size. Expected "
+                                   f"{self.input_size}, got {x.shape[-1]}")
+        if x.shape[1 if self.batch_first and x.dim() == 3 else 0] == 0:
+            raise RnncRuntimeError(f"Expected sequence length to be larger than 0 in RNN, got "
+                                   f"input of shape {tuple(x.shape)}")
+
+    def _check_states(self, states: list[torch.Tensor | None], B: int, dtype: torch.dtype,
+                      unbatched: bool) -> None:
+        """Each given state must be ``(L*D, B, size)`` (``(L*D, size)`` unbatched), like torch."""
+        LD = self.num_layers * (2 if self.bidirectional else 1)
+        for i, (name, s) in enumerate(zip(self.state_names, states, strict=True)):
+            if s is None:
+                continue
+            if not isinstance(s, torch.Tensor):
+                raise RnncTypeError(f"hx[{i}] ({name}) must be a tensor, got {type(s).__name__}")
+            size = self.layer.state_sizes[name]
+            want = (LD, size) if unbatched else (LD, B, size)
+            if s.dim() != len(want):
+                kind = "unbatched 2-D" if unbatched else "batched 3-D"
+                raise RnncRuntimeError(f"For {kind} input, hx[{i}] ({name}) should also be "
+                                       f"{len(want)}-D but got a {s.dim()}-D tensor")
+            if tuple(s.shape) != want:
+                raise RnncRuntimeError(f"Expected hidden[{i}] size {want}, got {list(s.shape)}")
+            if s.dtype != dtype:
+                raise RnncRuntimeError(f"hx[{i}] ({name}) is {s.dtype}, the input is {dtype}")
 
     def _states_out(self, final: tuple[torch.Tensor, ...]) -> Any:
         if not isinstance(self.mode, str):
@@ -217,15 +457,18 @@ class RNN(nn.Module):
                 raise RnncTypeError(f"input must be a tensor or a PackedSequence, got "
                                     f"{type(x).__name__}")
             unbatched = x.dim() == 2
-            if unbatched:
-                x = x.unsqueeze(0 if self.batch_first else 1)
+        self._check_input(x)
+        if unbatched:
+            x = x.unsqueeze(0 if self.batch_first else 1)
         states = self._states_in(hx)
+        self._check_states(states, x.shape[0 if self.batch_first else 1], x.dtype, unbatched)
         if unbatched:
             states = [None if s is None else s.unsqueeze(1) for s in states]
         seed = None
         if self.training and self.dropout > 0 and self.num_layers > 1:
             seed = int(torch.randint(0, 2**62, (1,)).item())
-        y, *final = _Apply.apply(self, lengths, seed, x, *states, *self._flat_parameters())
+        y, *final = _Apply.apply(self, lengths, seed, _Box(), x, *states,
+                                 *self._flat_parameters())
         if unbatched:
             y = y.squeeze(0 if self.batch_first else 1)
             final = [f.squeeze(1) for f in final]

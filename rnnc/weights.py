@@ -130,32 +130,50 @@ def hidden_bias_names(mode: str) -> tuple[str, ...]:
     return tuple(f"b_h{g}" for g in gates(mode))
 
 
-def param_names(mode: str) -> tuple[str, ...]:
-    """Return every parameter name of ``mode``: W_i*, W_h*, b_i*, b_h*, each in gate order."""
+def param_names(mode: str, proj: bool = False) -> tuple[str, ...]:
+    """Return every parameter name of ``mode``: W_i*, W_h*, b_i*, b_h*, each in gate order,
+    then ``W_hr`` for an LSTM with projections (``proj``)."""
     return (
         input_weight_names(mode)
         + hidden_weight_names(mode)
         + input_bias_names(mode)
         + hidden_bias_names(mode)
+        + (("W_hr",) if proj else ())
     )
 
 
-def param_shapes(mode: str, input_size: int, hidden_size: int) -> dict[str, tuple[int, ...]]:
-    """Return the shape of every parameter of one ``mode`` cell, keyed by name."""
+def param_shapes(
+    mode: str, input_size: int, hidden_size: int, proj_size: int = 0
+) -> dict[str, tuple[int, ...]]:
+    """Return the shape of every parameter of one ``mode`` cell, keyed by name.
+
+    With ``proj_size`` (LSTM only) the recurrent matrices read ``h`` of ``proj_size``
+    features and ``W_hr`` ``(hidden_size, proj_size)`` projects ``o * tanh(c)`` to it.
+    """
     shapes: dict[str, tuple[int, ...]] = {}
     for name in input_weight_names(mode):
         shapes[name] = (input_size, hidden_size)
     for name in hidden_weight_names(mode):
-        shapes[name] = (hidden_size, hidden_size)
+        shapes[name] = (proj_size or hidden_size, hidden_size)
     for name in input_bias_names(mode) + hidden_bias_names(mode):
         shapes[name] = (hidden_size,)
+    if proj_size:
+        _check_proj_mode(mode)
+        shapes["W_hr"] = (hidden_size, proj_size)
     return shapes
 
 
-def torch_names(layer: int, reverse: bool = False) -> tuple[str, str, str, str]:
-    """Return PyTorch's ``(weight_ih, weight_hh, bias_ih, bias_hh)`` keys of one pseudo-layer."""
+def _check_proj_mode(mode: str) -> None:
+    if mode != "lstm":
+        raise WeightError(f"projections (weight_hr) exist only for mode 'lstm', got {mode!r}")
+
+
+def torch_names(layer: int, reverse: bool = False, proj: bool = False) -> tuple[str, ...]:
+    """Return PyTorch's ``(weight_ih, weight_hh, bias_ih, bias_hh)`` keys of one pseudo-layer,
+    and ``weight_hr`` last with projections (``proj``)."""
     sfx = f"_l{layer}" + ("_reverse" if reverse else "")
-    return (f"weight_ih{sfx}", f"weight_hh{sfx}", f"bias_ih{sfx}", f"bias_hh{sfx}")
+    names = (f"weight_ih{sfx}", f"weight_hh{sfx}", f"bias_ih{sfx}", f"bias_hh{sfx}")
+    return names + ((f"weight_hr{sfx}",) if proj else ())
 
 
 def layer_input_size(layer: int, input_size: int, hidden_size: int, bidirectional: bool) -> int:
@@ -230,10 +248,15 @@ def _check_layer_params(
     input_size: int | None = None,
     hidden_size: int | None = None,
 ) -> tuple[Params, int, int]:
-    """Validate one rnnc parameter dict; return it as arrays with its (input, hidden) sizes."""
-    names = param_names(mode)
+    """Validate one rnnc parameter dict; return it as arrays with its (input, hidden) sizes.
+
+    A dict with ``W_hr`` is an LSTM with projections (its shape gives ``proj_size``).
+    """
     if not isinstance(params, Mapping):
         raise WeightError(f"{where}: expected a dict of parameters, got {type(params).__name__}")
+    # GRU's reset gate has a W_hr too; only in an LSTM is it the projection
+    proj = mode == "lstm" and "W_hr" in params
+    names = param_names(mode, proj)
     for name in names:
         if name not in params:
             raise WeightError(f"{where}: missing parameter {name!r} (mode {mode!r} needs {names})")
@@ -249,7 +272,14 @@ def _check_layer_params(
     i_size = first.shape[0] if input_size is None else input_size
     h_size = first.shape[1] if hidden_size is None else hidden_size
     dtype = first.dtype
-    for name, shape in param_shapes(mode, i_size, h_size).items():
+    p_size = 0
+    if proj:
+        w_hr = arrays["W_hr"]
+        if w_hr.ndim != 2:
+            raise WeightError(f"{where}['W_hr']: expected shape ({h_size}, proj_size), got "
+                              f"{w_hr.shape}")
+        p_size = w_hr.shape[1]
+    for name, shape in param_shapes(mode, i_size, h_size, p_size).items():
         _check_shape(arrays[name], shape, f"{where}[{name!r}]")
         _check_dtype(arrays[name], dtype, f"{where}[{name!r}]")
     return arrays, i_size, h_size
@@ -267,26 +297,43 @@ def _split_torch(
     names: Sequence[str],
     input_size: int | None = None,
     hidden_size: int | None = None,
+    weight_hr: Any | None = None,
 ) -> Params:
-    """Cut PyTorch's fused blocks of one pseudo-layer into rnnc's per-gate parameters."""
+    """Cut PyTorch's fused blocks of one pseudo-layer into rnnc's per-gate parameters.
+
+    With ``weight_hr`` (an LSTM with projections, ``(P, H)``, named ``names[4]``)
+    ``weight_hh`` is ``(G*H, P)`` and the result gains ``W_hr = weight_hr.T``.
+    """
     g = num_gates(mode)
     w_ih = _as_numpy(weight_ih, names[0])
     w_hh = _as_numpy(weight_hh, names[1])
-    if w_hh.ndim != 2 or w_hh.shape[0] != g * w_hh.shape[1]:
+    w_hr = None
+    if weight_hr is not None:
+        _check_proj_mode(mode)
+        w_hr = _as_numpy(weight_hr, names[4])
+        if w_hr.ndim != 2 or (hidden_size is not None and w_hr.shape[1] != hidden_size):
+            raise WeightError(f"{names[4]}: expected shape (proj_size, hidden_size), got "
+                              f"{w_hr.shape}")
+        h, p = w_hr.shape[1], w_hr.shape[0]
+        _check_shape(w_hh, (g * h, p), names[1])
+    elif w_hh.ndim != 2 or w_hh.shape[0] != g * w_hh.shape[1]:
         h = w_hh.shape[1] if w_hh.ndim == 2 else "H"
         gh = g * h if isinstance(h, int) else f"{g}*H"
         raise WeightError(
             f"{names[1]}: expected shape ({g}*H, H) = ({gh}, {h}) for mode {mode!r}, "
             f"got {w_hh.shape}"
         )
-    h = w_hh.shape[1] if hidden_size is None else hidden_size
-    _check_shape(w_hh, (g * h, h), names[1])
+    if w_hr is None:
+        h = w_hh.shape[1] if hidden_size is None else hidden_size
+        _check_shape(w_hh, (g * h, h), names[1])
     if w_ih.ndim != 2:
         raise WeightError(f"{names[0]}: expected shape ({g * h}, in), got {w_ih.shape}")
     i = w_ih.shape[1] if input_size is None else input_size
     _check_shape(w_ih, (g * h, i), names[0])
     dtype = w_ih.dtype
     _check_dtype(w_hh, dtype, names[1])
+    if w_hr is not None:
+        _check_dtype(w_hr, dtype, names[4])
     biases = []
     for value, name in ((bias_ih, names[2]), (bias_hh, names[3])):
         if value is None:
@@ -306,17 +353,21 @@ def _split_torch(
     for prefix, b in (("b_i", biases[0]), ("b_h", biases[1])):
         for j, gate in enumerate(gates(mode)):
             out[f"{prefix}{gate}"] = _copy(b[j * h : (j + 1) * h])
+    if w_hr is not None:
+        out["W_hr"] = _copy(w_hr.T)
     return out
 
 
-def _join_torch(mode: str, params: Params) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Stack validated per-gate parameters into PyTorch's four fused arrays."""
+def _join_torch(mode: str, params: Params) -> tuple[np.ndarray, ...]:
+    """Stack validated per-gate parameters into PyTorch's four fused arrays (and
+    ``weight_hr`` fifth for an LSTM with projections)."""
     w_ih = np.concatenate([params[n].T for n in input_weight_names(mode)], axis=0)
     w_hh = np.concatenate([params[n].T for n in hidden_weight_names(mode)], axis=0)
     b_ih = np.concatenate([params[n] for n in input_bias_names(mode)])
     b_hh = np.concatenate([params[n] for n in hidden_bias_names(mode)])
     c = np.ascontiguousarray
-    return c(w_ih), c(w_hh), c(b_ih), c(b_hh)
+    w_hr = (c(params["W_hr"].T),) if mode == "lstm" and "W_hr" in params else ()
+    return (c(w_ih), c(w_hh), c(b_ih), c(b_hh), *w_hr)
 
 
 def from_torch_layer(
@@ -325,11 +376,13 @@ def from_torch_layer(
     weight_hh: Any,
     bias_ih: Any | None = None,
     bias_hh: Any | None = None,
+    weight_hr: Any | None = None,
 ) -> Params:
     """Convert one PyTorch pseudo-layer ``(G*H, in), (G*H, H), (G*H,), (G*H,)`` to rnnc params.
 
-    A ``None`` bias means zeros (PyTorch's ``bias=False``). Returns fresh C-contiguous
-    arrays of the input dtype, keyed in ``param_names(mode)`` order.
+    A ``None`` bias means zeros (PyTorch's ``bias=False``). ``weight_hr`` ``(P, H)`` is an
+    LSTM's projection (then ``weight_hh`` is ``(G*H, P)``), giving ``W_hr`` ``(H, P)``.
+    Returns fresh C-contiguous arrays of the input dtype, keyed in ``param_names`` order.
     """
     return _split_torch(
         mode,
@@ -337,14 +390,14 @@ def from_torch_layer(
         weight_hh,
         bias_ih,
         bias_hh,
-        ("weight_ih", "weight_hh", "bias_ih", "bias_hh"),
+        ("weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr"),
+        weight_hr=weight_hr,
     )
 
 
-def to_torch_layer(
-    mode: str, params: Mapping[str, Any]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Convert rnnc params of one cell to PyTorch's ``(weight_ih, weight_hh, bias_ih, bias_hh)``.
+def to_torch_layer(mode: str, params: Mapping[str, Any]) -> tuple[np.ndarray, ...]:
+    """Convert rnnc params of one cell to PyTorch's ``(weight_ih, weight_hh, bias_ih, bias_hh)``,
+    with ``weight_hr`` fifth when the params have ``W_hr`` (an LSTM with projections).
 
     The exact inverse of ``from_torch_layer``: a round trip is bit-exact.
     """
@@ -383,8 +436,10 @@ def _check_layers(mode: str, layers: Any) -> tuple[Layers, int, int, int]:
             if k == 0 and j == 0:
                 arrays, input_size, hidden_size = _check_layer_params(mode, params, where)
                 dtype = arrays[input_weight_names(mode)[0]].dtype
+                proj = mode == "lstm" and "W_hr" in arrays
+                out_size = arrays["W_hr"].shape[1] if proj else hidden_size
             else:
-                i_k = layer_input_size(k, input_size, hidden_size, d == 2)
+                i_k = layer_input_size(k, input_size, out_size, d == 2)
                 arrays, _, _ = _check_layer_params(mode, params, where, i_k, hidden_size)
                 for name, a in arrays.items():
                     _check_dtype(a, dtype, f"{where}[{name!r}]")
@@ -401,12 +456,14 @@ def torch_state_dict_to_layers(
     Values may be torch tensors or NumPy arrays. A dict without any ``bias_*`` key (a
     ``bias=False`` module) gives zero biases. Every key must be one the configuration
     expects, so a wrong ``num_layers`` or ``bidirectional`` cannot drop weights silently.
+    An LSTM state dict with ``weight_hr_l0`` has projections: each params dict gets ``W_hr``.
     """
     gates(mode)
     if not isinstance(num_layers, int) or num_layers < 1:
         raise WeightError(f"num_layers: expected an integer >= 1, got {num_layers!r}")
     dirs = (False, True) if bidirectional else (False,)
-    expected = [n for k in range(num_layers) for r in dirs for n in torch_names(k, r)]
+    proj = mode == "lstm" and "weight_hr_l0" in state_dict
+    expected = [n for k in range(num_layers) for r in dirs for n in torch_names(k, r, proj)]
     bias_keys = [n for n in expected if n.startswith("bias_")]
     present_bias = [n for n in bias_keys if n in state_dict]
     has_bias = bool(present_bias)
@@ -417,21 +474,25 @@ def torch_state_dict_to_layers(
         raise WeightError(f"state_dict: missing key {name!r}{hint}")
     extra = sorted(set(state_dict) - set(expected))
     if extra:
-        hint = " (LSTM proj_size is not supported)" if extra[0].startswith("weight_hr") else ""
         raise WeightError(
             f"state_dict: unexpected key {extra[0]!r} for mode {mode!r}, num_layers={num_layers}, "
-            f"bidirectional={bidirectional}{hint}"
+            f"bidirectional={bidirectional}"
         )
     w_hh0 = _as_numpy(state_dict["weight_hh_l0"], "weight_hh_l0")
     w_ih0 = _as_numpy(state_dict["weight_ih_l0"], "weight_ih_l0")
     g = num_gates(mode)
-    if w_hh0.ndim != 2 or w_hh0.shape[0] != g * w_hh0.shape[1]:
+    w_hr0 = _as_numpy(state_dict["weight_hr_l0"], "weight_hr_l0") if proj else None
+    if w_hr0 is not None:
+        if w_hr0.ndim != 2:
+            raise WeightError(f"weight_hr_l0: expected shape (proj_size, H), got {w_hr0.shape}")
+    elif w_hh0.ndim != 2 or w_hh0.shape[0] != g * w_hh0.shape[1]:
         h = w_hh0.shape[1] if w_hh0.ndim == 2 else 0
         raise WeightError(
             f"weight_hh_l0: expected shape ({g}*H, H) = ({g * h}, {h}) for mode {mode!r}, "
             f"got {w_hh0.shape}"
         )
-    hidden_size = w_hh0.shape[1]
+    hidden_size = w_hh0.shape[1] if w_hr0 is None else w_hr0.shape[1]
+    out_size = hidden_size if w_hr0 is None else w_hr0.shape[0]
     if w_ih0.ndim != 2:
         raise WeightError(
             f"weight_ih_l0: expected shape ({g * hidden_size}, in), got {w_ih0.shape}"
@@ -440,13 +501,14 @@ def torch_state_dict_to_layers(
     dtype = w_ih0.dtype
     layers: Layers = []
     for k in range(num_layers):
-        i_k = layer_input_size(k, input_size, hidden_size, bidirectional)
+        i_k = layer_input_size(k, input_size, out_size, bidirectional)
         row = []
         for r in dirs:
-            names = torch_names(k, r)
+            names = torch_names(k, r, proj=True)
             values = [state_dict[n] if n in state_dict else None for n in names]
             params = _split_torch(
-                mode, *values, names=names, input_size=i_k, hidden_size=hidden_size
+                mode, *values[:4], names=names, input_size=i_k, hidden_size=hidden_size,
+                weight_hr=values[4],
             )
             # _split_torch ties a pseudo-layer's arrays to its weight_ih; this ties layers.
             _check_dtype(params[input_weight_names(mode)[0]], dtype, names[0])
@@ -467,8 +529,8 @@ def layers_to_torch_state_dict(mode: str, layers: Any, bias: bool = True) -> dic
     out: dict[str, np.ndarray] = {}
     for k, row in enumerate(arrays):
         for j, params in enumerate(row):
-            names = torch_names(k, j == 1)
             fused = _join_torch(mode, params)
+            names = torch_names(k, j == 1, proj=len(fused) == 5)
             for name, a in zip(names, fused, strict=True):
                 if name.startswith("bias_") and not bias:
                     if np.any(a != 0):

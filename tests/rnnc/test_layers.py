@@ -129,7 +129,7 @@ def test_matches_torch_other_backends(backend, mode, num_layers, bidirectional, 
 # --------------------------------------------------------------------------- custom cells
 
 
-# The minimal gated unit of DESIGN.md, as rnnc ships it.
+# The minimal gated unit of the README's "Your own cell", as rnnc ships it.
 mgu = rnnc.cells.mgu
 
 
@@ -308,10 +308,23 @@ def test_custom_cell_has_no_torch_layout():
         rnnc.RNN(mgu, I, H).to_torch()
 
 
-@pytest.mark.parametrize("dropout", [-0.1, 1.0, 1.5, "0.5"])
+@pytest.mark.parametrize("dropout", [-0.1, 1.5, "0.5", True])
 def test_dropout_out_of_range(dropout):
     with pytest.raises(RnncError, match="dropout"):
         rnnc.RNN("lstm", I, H, dropout=dropout)
+
+
+def test_dropout_one_zeroes_the_layer_below():
+    # torch accepts p = 1: everything passed up is zero, so the top layer sees only zeros
+    layer = rnnc.RNN("gru", I, H, num_layers=2, dropout=1.0, seed=0)
+    x = np.random.default_rng(0).standard_normal((4, 3, I)).astype(np.float32)
+    y, _, tape = layer.forward(x)
+    top = rnnc.RNN("gru", H, H)
+    top.params = [layer.params[1]]
+    want, _ = top(np.zeros((4, 3, H), np.float32))
+    np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-6)
+    g = layer.backward(tape, np.ones_like(y))
+    assert not np.any(g.x)
 
 
 def test_constructor_errors():
