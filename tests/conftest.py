@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
+from hypothesis import settings
+
+# Every hypothesis test draws the same examples on every run: a failure is reproducible and
+# CI cannot pass by luck. (A test's own @settings add to this profile.)
+settings.register_profile("rnnc", derandomize=True, database=None)
+settings.load_profile("rnnc")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -14,3 +23,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def update_goldens(request: pytest.FixtureRequest) -> bool:
     """True when the run should rewrite golden files (review the diff before committing)."""
     return bool(request.config.getoption("--update-goldens"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Every rnnc cache (object code, emulation libraries, BLAS tuning) in a fresh directory
+    for the whole run: tests never read the user's cache, so they cannot pass on stale code,
+    and never write to it. Subprocesses inherit the setting."""
+    root = tmp_path_factory.mktemp("rnnc-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RNNC_CACHE_DIR", str(root))
+        yield root

@@ -17,6 +17,13 @@ takes device arrays. Arguments are checked against the parameter list parsed fro
 source before any native code runs, at least as strictly as CuPy needs to pass a value
 intact, so an argument accepted here also reaches a GPU kernel as the kernel expects.
 Bounds are not checked: the kernel's own size arguments decide what it touches.
+
+Compiled libraries are cached as :class:`rnnc.diskcache.DiskCache` entries under
+``<rnnc cache root>/cuda-emulate`` (or ``cache_dir``), keyed by everything that goes into the
+build: the compiler and its version, the flags, ``shim.h``, this file and the C++ source. A
+library is only ever loaded from bytes that passed the entry's checks, copied to a fresh
+private file first, so a planted, truncated or swapped file is never ``dlopen``ed: it is
+deleted and the library rebuilt.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import os
+import platform
 import re
 import shutil
 import subprocess
@@ -34,6 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from rnnc import diskcache
 
 SHIM_PATH = Path(__file__).with_name("shim.h")
 
@@ -173,20 +182,6 @@ def numbered(source: str) -> str:
     return "\n".join(f"{i:4d} | {line}" for i, line in enumerate(source.splitlines(), 1))
 
 
-def default_cache_dir() -> Path:
-    """Where compiled emulation libraries are kept between processes."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    path = Path(base) / "rnnc" / "cuda-emulate"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-    except OSError:
-        # A read-only home (some CI sandboxes) must not stop emulation.
-        path = Path(tempfile.gettempdir()) / f"rnnc-cuda-emulate-{os.getuid()}"
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-
-
 @functools.cache
 def compiler_identity(cxx: str) -> str:
     """The compiler's version line, part of the cache key so an upgrade rebuilds."""
@@ -203,15 +198,49 @@ def find_cxx() -> str:
     raise RuntimeError("CUDA emulation needs a C++ compiler (g++ or clang++) on PATH")
 
 
-def build_library(cxx: str, cpp: str, cache_dir: Path) -> Path:
-    """Compile cpp to a shared library in cache_dir, reusing one built from the same input."""
-    shim = SHIM_PATH.read_text()
-    key_text = "\0".join([compiler_identity(cxx), " ".join(CXX_FLAGS), shim, cpp])
-    key = hashlib.sha256(key_text.encode()).hexdigest()[:24]
-    library = cache_dir / f"kernels-{key}.so"
-    if library.exists():
-        return library
-    with tempfile.TemporaryDirectory(dir=cache_dir) as work:
+@functools.cache
+def _file_text(path: Path) -> str:
+    return path.read_text()
+
+
+def library_key(cxx: str, cpp: str) -> str:
+    """The cache key of the library built from ``cpp``: every input of the build."""
+    parts = [cxx, compiler_identity(cxx), " ".join(CXX_FLAGS), platform.machine(),
+             _file_text(SHIM_PATH), _file_text(Path(__file__)), cpp]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def load_library(cxx: str, cpp: str, cache_dir: Path | None) -> ctypes.CDLL:
+    """The library built from ``cpp``: from a checked cache entry, or compiled (and stored).
+
+    ``cache_dir`` None means ``<rnnc cache root>/cuda-emulate``; a directory that is not
+    private keeps nothing on disk (with one warning)."""
+    store = diskcache.DiskCache(cache_dir, "cuda-emulate-library") if cache_dir is not None \
+        else diskcache.DiskCache(diskcache.default_root(), "cuda-emulate-library",
+                                 "cuda-emulate")
+    key = library_key(cxx, cpp)
+    source = hashlib.sha256(cpp.encode()).hexdigest()
+    entry = store.load(key, source)
+    if entry is not None:
+        try:
+            return _open_copy(entry.payload, store.directory)
+        except OSError:
+            store.discard(key)  # checked bytes the loader still refuses: build again
+    library = compile_library(cxx, cpp, store.directory)
+    store.store(key, source, {}, library)
+    return _open_copy(library, store.directory)
+
+
+def _scratch(cache_dir: Path | None) -> tempfile.TemporaryDirectory:
+    """A fresh private directory (mode 0700, unpredictable name): in the cache directory
+    when it is usable (a temporary directory may be mounted noexec), else in $TMPDIR."""
+    where = None if cache_dir is None else diskcache.private_directory(cache_dir)
+    return tempfile.TemporaryDirectory(prefix=".build-", dir=where)
+
+
+def compile_library(cxx: str, cpp: str, cache_dir: Path | None) -> bytes:
+    """The bytes of the shared library g++ builds from ``cpp`` (RuntimeError on failure)."""
+    with _scratch(cache_dir) as work:
         source_path = Path(work) / "kernels.cpp"
         source_path.write_text(cpp)
         output = Path(work) / "kernels.so"
@@ -227,9 +256,15 @@ def build_library(cxx: str, cpp: str, cache_dir: Path) -> Path:
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise RuntimeError(result.stderr)
-        # Rename into place so concurrent builders (pytest-xdist) never load a partial file.
-        os.replace(output, library)
-    return library
+        return output.read_bytes()
+
+
+def _open_copy(library: bytes, cache_dir: Path | None) -> ctypes.CDLL:
+    """``dlopen`` a private copy of checked bytes: nothing can change the file in between."""
+    with _scratch(cache_dir) as work:
+        path = Path(work) / "kernels.so"
+        path.write_bytes(library)
+        return ctypes.CDLL(str(path))  # the mapping outlives the file
 
 
 class EmulatedKernel:
@@ -358,8 +393,6 @@ class EmulatedModule:
         if missing:
             raise ValueError(f"kernels {missing} not found in source; found {sorted(kernels)}")
         self.params = {n: kernels[n] for n in names}
-        cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-        cache.mkdir(parents=True, exist_ok=True)
         # #line keeps compiler messages in the kernel source's own line numbers.
         cpp = (
             f'#include "shim.h"\n#line 1 "kernels.cu"\n{source}\n'
@@ -368,13 +401,12 @@ class EmulatedModule:
         )
         cxx = find_cxx()
         try:
-            library = build_library(cxx, cpp, cache)
+            self._library = load_library(cxx, cpp, None if cache_dir is None else Path(cache_dir))
         except RuntimeError as error:
             raise RuntimeError(
                 f"emulated CUDA kernels failed to compile:\n{error}\n"
                 f"kernel source:\n{numbered(source)}"
             ) from None
-        self._library = ctypes.CDLL(str(library))
         self._kernels: dict[str, EmulatedKernel] = {}
         for name in names:
             launch = getattr(self._library, f"launch_{name}")

@@ -37,6 +37,8 @@ from typing import Literal
 import numpy as np
 from llvmlite import ir
 
+from rnnc import diskcache
+
 __all__ = [
     "Blas",
     "available",
@@ -315,8 +317,13 @@ call_sgemm_ctypes = call_gemm_ctypes
 _CHOICES: dict[str, str] = {}
 
 
+# The tuning file holds one short entry per GEMM shape and candidate set.
+_MAX_TUNING_BYTES = 1 << 20
+
+
 def _default_cache_dir() -> Path:
-    return Path.home() / ".cache" / "rnnc"
+    """The directory of ``blas.json``: rnnc's cache root (``$RNNC_CACHE_DIR`` first)."""
+    return diskcache.default_root()
 
 
 def _time_gemm(blas: Blas, m: int, n: int, k: int, dtype: np.dtype, reps: int) -> float:
@@ -355,8 +362,9 @@ def choose(
     A candidate is a library name, or ``name@threads`` for that library at a thread count.
 
     The choice is remembered in memory and in ``blas.json`` under ``cache_dir``
-    (default ``~/.cache/rnnc``), keyed by dtype, shape and candidate set. With one
-    candidate nothing is measured.
+    (default: rnnc's cache directory, ``$RNNC_CACHE_DIR`` or ``~/.cache/rnnc``), keyed by
+    dtype, shape and candidate set; a stored choice is used only if it is one of the
+    candidates. With one candidate nothing is measured.
     """
     dtype = np.dtype(dtype)
     names = sorted(set(candidates) if candidates is not None else available())
@@ -389,22 +397,27 @@ def choose(
 
 
 def _read_choices(path: Path) -> dict[str, str]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    """The stored choices; a file that is not a JSON object of strings is deleted."""
+    data = diskcache.read_file(path, _MAX_TUNING_BYTES)  # a regular file of ours, or None
+    if data is None:
         return {}
-    return {k: v for k, v in data.items() if isinstance(v, str)} if isinstance(data, dict) else {}
+    try:
+        choices = json.loads(data)
+    except (ValueError, RecursionError):
+        choices = None
+    if not isinstance(choices, dict):
+        diskcache.discard(path)
+        return {}
+    return {k: v for k, v in choices.items() if isinstance(v, str)}
 
 
 def _write_choices(path: Path, choices: dict[str, str]) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(choices, indent=1, sort_keys=True))
-        # Atomic rename: a concurrent reader sees the old or the new file, never half.
-        os.replace(temporary, path)
-    except OSError:
-        pass  # the cache only saves measuring again; a read-only home must not fail
+    # Through rnnc.diskcache: a private directory, an atomic rename, nothing left behind on
+    # failure. An unusable directory only costs measuring again.
+    if diskcache.private_directory(path.parent) is not None:
+        data = json.dumps(choices, indent=1, sort_keys=True).encode()
+        if len(data) <= _MAX_TUNING_BYTES:
+            diskcache.write_file(path, data)
 
 
 def gemm_function_type(convention: Convention, dtype: np.dtype | type) -> ir.FunctionType:

@@ -1,28 +1,42 @@
 """The LLVM backend: compile a program to native code once, then one native call per sequence.
 
-Options (the only place that reads environment variables): ``blas`` (a library name of
-:mod:`rnnc.backends.llvm.blas`, default ``$RNNC_BLAS`` or the preferred installed one),
-``threads`` (BLAS threads, default ``$RNNC_THREADS`` or the machine's cores) and ``cache_dir``
-(default ``$RNNC_CACHE_DIR`` or ``~/.cache/rnnc/llvm``; ``False`` keeps code in memory only).
+Options (the only place that reads environment variables):
+
+- ``blas``: a library name of :mod:`rnnc.backends.llvm.blas` (default ``$RNNC_BLAS`` or the
+  preferred installed one);
+- ``threads``: BLAS threads, an integer from 1 to :data:`MAX_THREADS` (default
+  ``$RNNC_THREADS``, same range, or the machine's cores); anything else is an ``RnncError``;
+- ``cache_dir``: the cache directory (default ``$RNNC_CACHE_DIR``, else
+  ``$XDG_CACHE_HOME/rnnc`` or ``~/.cache/rnnc``): object code goes to ``<cache_dir>/llvm``
+  and the BLAS tuning file to ``<cache_dir>/blas.json``. ``False`` keeps object code in
+  memory only (the tuning file then stays in the default directory);
+- ``code_cache_mb``: the bound of the in-memory code cache in MiB (default
+  ``$RNNC_CODE_CACHE_MB`` or 256), least recently used code dropped first. The bound is
+  per cache directory and process; the last backend that sets it wins.
+
+``docs/caches.md`` describes the caches.
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
+from rnnc import diskcache
 from rnnc.backends.llvm import blas as blas_lib
 from rnnc.backends.llvm import cache, codegen
 from rnnc.errors import BackendUnavailable, RnncTypeError, RnncValueError
+from rnnc.fingerprint import fingerprint
 from rnnc.ir import Program
-from rnnc.printer import format_program
 
 _ALIGN = 64
 # Multiply-adds below which a GEMM runs on one thread, and above which on all, unmeasured.
@@ -30,8 +44,10 @@ _ONE_CORE = 1 << 16
 _ALL_CORES = 1 << 27
 _SIGNATURE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                               ctypes.c_void_p)
+MAX_THREADS = 1024
 _threads_set: dict[str, int] = {}
 _threads_lock = threading.Lock()
+_runners: weakref.WeakSet[Runner] = weakref.WeakSet()
 
 
 def _cores() -> int:
@@ -49,9 +65,10 @@ class Runner:
     """``runner(env, dims) -> results`` for one compiled program; safe from many threads."""
 
     def __init__(self, compiled: cache.Compiled, libraries: list[blas_lib.Blas], threads: int,
-                 dtype: str, compile_seconds: float) -> None:
-        self.compiled = compiled
+                 dtype: str, compile_seconds: float, tuning_dir: Path | None = None) -> None:
+        self.compiled = compiled  # keeps the engine alive after the code cache drops it
         self.threads = threads
+        self.tuning_dir = tuning_dir
         self.plan = compiled.plan
         self.dtype = np.dtype(codegen.NP_DTYPES[dtype])
         self.libraries = {b.name: b for b in libraries}
@@ -65,6 +82,7 @@ class Runner:
         shapes = [s for _, s in self.plan.args + self.plan.results] + list(self.plan.slots)
         self._widest = max([int(np.prod([d for d in s[:-1] if isinstance(d, int)],
                                         dtype=np.int64)) for s in shapes] + [1])
+        _runners.add(self)
 
     def gemm_choice(self, T: int, B: int) -> list[str]:
         """What each GEMM site uses at (T, B), as ``library@threads``: the fastest for its
@@ -86,7 +104,8 @@ class Runner:
             if len(fit) == 1 or work == 0:
                 choice.append(fit[-1])
             else:
-                choice.append(blas_lib.choose(m, n, k, self.dtype, fit))
+                choice.append(blas_lib.choose(m, n, k, self.dtype, fit,
+                                              cache_dir=self.tuning_dir))
         return choice
 
     def _gemm_table(self, T: int, B: int) -> np.ndarray:
@@ -165,7 +184,8 @@ class LlvmBackend:
     name = "llvm"
 
     def __init__(self, blas: str | None = None, threads: int | None = None,
-                 cache_dir: str | os.PathLike | bool | None = None) -> None:
+                 cache_dir: str | os.PathLike | bool | None = None,
+                 code_cache_mb: float | None = None) -> None:
         name = blas if blas is not None else os.environ.get("RNNC_BLAS") or None
         try:
             self.blas = blas_lib.get(name)
@@ -174,22 +194,16 @@ class LlvmBackend:
         # A named library is used for every GEMM; otherwise each GEMM shape gets the fastest
         # installed library of the same calling convention.
         self.libraries = [self.blas] if name else blas_lib.same_convention(self.blas)
-        if threads is None:
-            env = os.environ.get("RNNC_THREADS")
-            if env is not None and not env.strip().isdigit():
-                raise RnncValueError(f"RNNC_THREADS must be a positive integer, got {env!r}")
-            threads = int(env) if env else _cores()
-        if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
-            raise RnncValueError(f"threads must be a positive integer, got {threads!r}")
-        self.threads = threads
-        if cache_dir is False:
-            root = None
-        elif cache_dir is None or cache_dir is True:
-            root = Path(os.environ.get("RNNC_CACHE_DIR")
-                        or Path.home() / ".cache" / "rnnc" / "llvm")
-        else:
-            root = Path(cache_dir)
-        self.cache = cache.code_cache(root)
+        self.threads = _threads_option(threads)
+        if not (cache_dir is None or isinstance(cache_dir, bool | str | os.PathLike)):
+            raise RnncTypeError(f"cache_dir must be a directory path, True (the default cache "
+                                f"directory) or False (memory only), got "
+                                f"{type(cache_dir).__name__} {cache_dir!r}")
+        # The tuning file follows an explicit directory; otherwise blas finds the default.
+        self.tuning_dir = None if cache_dir in (None, True, False) else Path(cache_dir)
+        root = None if cache_dir is False else \
+            self.tuning_dir if self.tuning_dir is not None else diskcache.default_root()
+        self.cache = cache.code_cache(root, _memory_bound(code_cache_mb))
 
     def _set_threads(self) -> None:
         # The count is process-wide in every BLAS; set it only when it changes, never while
@@ -204,7 +218,59 @@ class LlvmBackend:
         """A callable ``(env, dims) -> results`` running ``program`` natively."""
         self._set_threads()
         start = time.perf_counter()
-        k = cache.key(format_program(program), program.dtype, self.blas.convention)
-        compiled = self.cache.get(k, lambda: codegen.lower(program, self.blas))
+        identity = fingerprint(program)
+        k = cache.key(identity, program.dtype, self.blas.convention)
+        compiled = self.cache.get(k, identity, lambda: codegen.lower(program, self.blas),
+                                  lambda plan: cache.plan_fits(plan, program))
         return Runner(compiled, self.libraries, self.threads, program.dtype,
-                      time.perf_counter() - start)
+                      time.perf_counter() - start, self.tuning_dir)
+
+
+def _threads_option(threads: int | None) -> int:
+    """The BLAS thread count from ``threads=`` or ``$RNNC_THREADS``, checked."""
+    if threads is None:
+        env = os.environ.get("RNNC_THREADS", "").strip()
+        if not env:
+            return min(_cores(), MAX_THREADS)
+        # isascii: str.isdigit accepts digits such as "²" that int() refuses.
+        if not (env.isascii() and env.isdigit() and 1 <= int(env) <= MAX_THREADS):
+            raise RnncValueError(f"RNNC_THREADS must be a whole number of BLAS threads from 1 "
+                                 f"to {MAX_THREADS}, got {env!r}; unset it to use every core")
+        return int(env)
+    if not isinstance(threads, int) or isinstance(threads, bool) or \
+            not 1 <= threads <= MAX_THREADS:
+        raise RnncValueError(f"threads must be a whole number of BLAS threads from 1 to "
+                             f"{MAX_THREADS}, got {threads!r}")
+    return threads
+
+
+def _memory_bound(code_cache_mb: float | None) -> int | None:
+    """The in-memory code cache bound in bytes from ``code_cache_mb=`` or
+    ``$RNNC_CODE_CACHE_MB``; None keeps the cache's current bound."""
+    where, value = "code_cache_mb", code_cache_mb
+    if value is None:
+        where, value = "RNNC_CODE_CACHE_MB", os.environ.get("RNNC_CODE_CACHE_MB", "").strip()
+        if not value:
+            return None
+        try:
+            value = float(value)
+        except ValueError:
+            value = None
+    if isinstance(value, bool) or not isinstance(value, int | float) or \
+            not math.isfinite(value) or value < 0:
+        shown = code_cache_mb if where == "code_cache_mb" else os.environ["RNNC_CODE_CACHE_MB"]
+        raise RnncValueError(f"{where} must be a number of MiB >= 0 (0 keeps no compiled code "
+                             f"in memory), got {shown!r}")
+    return int(value * (1 << 20))
+
+
+def _after_fork_in_child() -> None:
+    # A thread of the parent may have held these (setting BLAS threads, measuring GEMMs).
+    global _threads_lock
+    _threads_lock = threading.Lock()
+    for runner in list(_runners):
+        runner._tables_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
