@@ -1,0 +1,87 @@
+"""Differential fuzzing: random cells on every backend and pipeline against the oracle.
+
+Default run: 300 cells (seeds 0-299) on the optimizing NumPy backend, each in float64 with or
+without lengths (alternating) and every tenth also in float32, through inference, training
+forward and backward. LLVM (8 cells) and the CUDA emulation (24 cells, six per compiled
+program) see fewer, since compiling costs ~0.4 s and ~1 s per program there; each of their
+cells runs in one (dtype, lengths) combination, taken in turn so that every combination is
+covered. ``pytest -m slow`` runs 5,000 more cells (seeds 300-5299): every cell on NumPy in all
+four combinations, and on LLVM and the CUDA emulation in one combination each, in turn: 50
+chunks of 100 cells per target, each chunk about 1 minute on NumPy, 1.3 on the CUDA emulation
+and 3.3 on LLVM on one core (4.5 hours in all; chunks are independent tests, so they can be
+spread over processes or machines). A failure prints a shrunk reproducer (tests/fuzz/shrink.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.fuzz.campaign import fuzz
+from tests.fuzz.differential import COMBOS, TARGETS, Stats
+
+SLOW_SEEDS = range(300, 5300)
+SLOW_CHUNKS = 50
+
+
+def _numpy_combos(seed: int) -> tuple[tuple[str, bool], ...]:
+    combos = (("float64", seed % 2 == 1),)
+    return combos + ((("float32", seed % 4 >= 2),) if seed % 10 == 0 else ())
+
+
+def _in_turn(k: int) -> tuple[tuple[str, bool], ...]:
+    return (COMBOS[k % len(COMBOS)],)
+
+
+def _run(seeds, target_name: str, combos, bundle_size: int = 1) -> Stats:
+    target = TARGETS[target_name]
+    why = target.available()
+    if why is not None:
+        pytest.skip(why)
+    reports, stats = fuzz(list(seeds), target, combos, bundle_size, shrink_budget_s=120,
+                          max_shrunk=2)
+    print(f"{target_name}: {stats.cells} cells, {stats.runs} runs, {stats.comparisons} arrays "
+          f"compared, worst error float32 {stats.worst['float32']:.2g} float64 "
+          f"{stats.worst['float64']:.2g}, {stats.skipped_float32} of {stats.float32_cells} "
+          f"float32 cell runs not compared for a near tie")
+    if reports:
+        pytest.fail("\n\n".join(reports), pytrace=False)
+    # Not vacuous: every cell ran and compared arrays; cells not compared in float32 for a
+    # near tie (a where/relu switch within 1e-4 of its input) stay rare.
+    assert stats.cells == len(seeds)
+    assert stats.comparisons >= 3 * stats.runs
+    assert stats.skipped_float32 <= max(2, stats.float32_cells // 10)
+    return stats
+
+
+@pytest.mark.parametrize("chunk", range(3))
+def test_numpy_matches_oracle(chunk: int) -> None:
+    seeds = range(100 * chunk, 100 * chunk + 100)
+    _run(seeds, "numpy", lambda k: _numpy_combos(seeds[k]))
+
+
+def test_llvm_matches_oracle() -> None:
+    _run(range(0, 300, 38), "llvm", _in_turn)
+
+
+def test_cuda_emulation_matches_oracle() -> None:
+    # Six cells per compiled program: g++ costs the same for one cell or six.
+    _run(range(5, 293, 12), "cuda-emulate", _in_turn, bundle_size=6)
+
+
+@pytest.mark.cuda
+def test_cuda_gpu_matches_oracle() -> None:
+    _run(range(7, 295, 12), "cuda", _in_turn, bundle_size=6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["numpy", "llvm", "cuda-emulate", "cuda"])
+@pytest.mark.parametrize("chunk", range(SLOW_CHUNKS))
+def test_slow_matches_oracle(target: str, chunk: int) -> None:
+    size = len(SLOW_SEEDS) // SLOW_CHUNKS
+    seeds = SLOW_SEEDS[chunk * size:(chunk + 1) * size]
+    if target == "numpy":
+        _run(seeds, target, lambda k: COMBOS)
+    elif target == "llvm":
+        _run(seeds, target, lambda k: _in_turn(seeds[k]))
+    else:  # the CUDA emulation, or a GPU where there is one
+        _run(seeds, target, lambda k: _in_turn(chunk + k), bundle_size=6)
