@@ -48,7 +48,7 @@ GPU = pytest.param(False, id="gpu", marks=[
 EMULATE = [pytest.param(True, id="emulated"), GPU]
 
 
-# The minimal gated unit of DESIGN.md, as rnnc ships it.
+# The minimal gated unit of the README's "Your own cell", as rnnc ships it.
 mgu = rnnc.cells.mgu
 
 

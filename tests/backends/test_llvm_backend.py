@@ -27,7 +27,7 @@ GRAD_TOL = {np.float32: 1e-4, np.float64: 1e-9}
 _compiled: dict[tuple, tuple[rnnc.Cell, rnnc.Function, rnnc.Function]] = {}
 
 
-# The minimal gated unit of DESIGN.md, as rnnc ships it.
+# The minimal gated unit of the README's "Your own cell", as rnnc ships it.
 mgu = rnnc.cells.mgu
 
 
