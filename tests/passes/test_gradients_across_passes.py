@@ -19,6 +19,7 @@ from rnnc import passes
 from rnnc.backends.numpy.runtime import run_program
 from rnnc.dsl import final_name
 from rnnc.ir import retype
+from rnnc.names import MASK
 from rnnc.passes.autodiff import autodiff_backward, autodiff_forward
 from rnnc.validate import mask
 from tests.passes.common import mgu
@@ -42,7 +43,7 @@ def _reference(cell, x, params, states, lens, d_out, d_st) -> dict[str, np.ndarr
     xs = x if isinstance(x, dict) else {next(iter(cell.inputs)): x}
     env = {**xs, **params, **states}
     if lens is not None:
-        env["mask"] = mask(lens, T, "f64")
+        env[MASK] = mask(lens, T, "f64")
     dims = {"T": T, "B": B}
     env.update(run_program(autodiff_forward(program), env, dims))
     env.update({f"d.{n}": v for n, v in d_out.items()})

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from rnnc.names import MASK
 from rnnc.passes import pipeline
 from rnnc.passes import run as run_passes
 from tests.passes.common import check_pass, environment, execute, standard_cells
 from tests.strategies import random_cells
 
 T, B = 3, 2
-MASK = "mask"  # the environment name of the length mask
 OURS = ("canonicalize", "fuse-gate-matmuls", "hoist-sequence", "fuse-elementwise",
         "mask-lengths")
 
