@@ -104,15 +104,25 @@ class Scope:
     var: str | None = None  # the loop variable
     items: list[str | Scope] = field(default_factory=list)
     memo: dict[tuple[int, str, str], str] = field(default_factory=dict)
-    open: bool = True
+    # Positions in ``items`` of the loops still being written, the newest (and first) last.
+    writing: list[int] = field(default_factory=list)
 
     def add(self, item: str | Scope) -> None:
         """Add a statement or loop at the end, but before any loop still being written."""
-        for i, existing in enumerate(self.items):
-            if isinstance(existing, Scope) and existing.open:
-                self.items.insert(i, item)
-                return
-        self.items.append(item)
+        if not self.writing:
+            self.items.append(item)
+            return
+        self.items.insert(self.writing[-1], item)
+        self.writing = [at + 1 for at in self.writing]
+
+    def open_loop(self, block: Scope) -> None:
+        """Add ``block``; statements go before it until :meth:`close_loop`."""
+        at = self.writing[-1] if self.writing else len(self.items)
+        self.add(block)
+        self.writing.append(at)
+
+    def close_loop(self) -> None:
+        self.writing.pop()
 
     def lines(self, depth: int) -> list[str]:
         """The block as indented source lines."""
@@ -150,14 +160,58 @@ class KernelWriter:
 
     def value(self, nid: int, row: str, col: str) -> str:
         """A C expression (a temporary's name) for element (row, col) of node ``nid``."""
-        node = self.region.node(nid)
-        shape = node.shape
+        key = self._key(nid, row, col)
+        found = self._lookup(key)
+        if found is not None:
+            return found
+        self._operands_first(key)
+        return self._emit_value(key)
+
+    def _key(self, nid: int, row: str, col: str) -> tuple[int, str, str]:
+        shape = self.region.node(nid).shape
         row = row if lead(shape) and any(d != 1 for d in lead(shape)) else "0"
         col = col if width(shape) != 1 else "0"
-        key = (nid, row, col)
+        return nid, row, col
+
+    def _lookup(self, key: tuple[int, str, str]) -> str | None:
         for scope in reversed(self.scopes):
             if key in scope.memo:
                 return scope.memo[key]
+        return None
+
+    def _operands_first(self, key: tuple[int, str, str]) -> None:
+        """Emit every element ``key``'s rule reads (outside reduction loops) before it, deepest
+        first, with an explicit stack: a chain of thousands of ops must not recurse."""
+        stack: list[tuple[tuple[int, str, str], bool]] = [(key, False)]
+        while stack:
+            item, expanded = stack.pop()
+            if self._lookup(item) is not None:
+                continue
+            if expanded:
+                if item != key:
+                    self._emit_value(item)
+                continue
+            stack.append((item, True))
+            stack.extend((read, False) for read in reversed(self._reads(item))
+                         if self._lookup(read) is None)
+
+    def _reads(self, key: tuple[int, str, str]) -> list[tuple[int, str, str]]:
+        """The elements the rule of ``key`` reads before any loop, found by running it on a
+        site that records reads instead of emitting them."""
+        node = self.region.node(key[0])
+        if node.op is ARG:
+            return []
+        site = _RecordingSite(self, node, key[1], key[2])
+        try:
+            RULES[node.op](site)
+        except _LoopReached:
+            pass
+        return site.reads
+
+    def _emit_value(self, key: tuple[int, str, str]) -> str:
+        nid, row, col = key
+        node = self.region.node(nid)
+        shape = node.shape
         used = set(IDENTIFIER.findall(f"{row} {col}"))
         level = max(i for i, scope in enumerate(self.scopes) if i == 0 or scope.var in used)
         if level < len(self.scopes) - 1:
@@ -187,11 +241,12 @@ class KernelWriter:
         acc, k = self.fresh("acc"), self.fresh("k")
         self.emit(f"{self.r.ctype} {acc} = {self.r.zero};")
         block = Scope(f"for (long long {k} = 0; {k} < {count}; ++{k}) {{", k)
-        self.scopes[-1].add(block)
+        parent = self.scopes[-1]
+        parent.open_loop(block)
         self.scopes.append(block)
         self.emit(f"{acc} += {term(k)};")
         self.scopes.pop()
-        block.open = False
+        parent.close_loop()
         return acc
 
 
@@ -232,6 +287,28 @@ class ElementSite:
 
     def loop(self, count: str, term: Callable[[str], str]) -> str:
         return self.writer.loop(count, term)
+
+
+class _LoopReached(Exception):
+    """A rule being recorded started a reduction loop: reads inside it are made later."""
+
+
+class _RecordingSite(ElementSite):
+    """An element site that notes the elements a rule reads and emits nothing."""
+
+    def __init__(self, writer: KernelWriter, node: Node, row: str, col: str) -> None:
+        super().__init__(writer, node, row, col)
+        self.reads: list[tuple[int, str, str]] = []
+
+    def at(self, i: int, row: str | None = None, col: str | None = None) -> str:
+        if row is None:
+            row = broadcast_row(self.node.shape, self._shape(i), self.row)
+        key = self.writer._key(self.node.inputs[i], row, self.col if col is None else col)
+        self.reads.append(key)
+        return f"read{len(self.reads) - 1}"
+
+    def loop(self, count: str, term: Callable[[str], str]) -> str:
+        raise _LoopReached
 
 
 def kernel_source(name: str, region: Graph, renderer: CudaRenderer, comment: str) -> str:

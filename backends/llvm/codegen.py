@@ -38,6 +38,14 @@ NP_DTYPES = {"f32": np.float32, "f64": np.float64}
 # makes the region run node by node.
 _PER_ELEMENT = frozenset(SCALAR) | {ops.slice_, ops.pad, ops.concat, ops.expand, ops.constant}
 _FUNCTION_ATTRIBUTES = '"prefer-vector-width"="512" "min-legal-vector-width"="512"'
+# Kernels are inlined into ``rnnc_run`` while it calls at most this many: LLVM's optimizer and
+# instruction selection grow faster than linearly with the size of one function (a cell of 300
+# chained matmuls, all inlined, took minutes to compile), while a call costs nanoseconds.
+INLINE_CALL_SITES = 64
+# A fused region of more nodes is emitted as several loops, each at most this many nodes: the
+# compile time of one loop body grows faster than linearly with its size (a 1,000-op body took
+# 17 s), while storing and reloading a value between loops costs little.
+KERNEL_NODES = 128
 
 
 @dataclass
@@ -190,8 +198,8 @@ class Lowering:
             key = (node.inputs[0], node.attrs["index"]) if node.op is GET else nid
             if dest is not None and node.op is not ARG and key not in self.redirect:
                 self.redirect[key] = dest
-        dead = g.dead_code(keep_args=True)
-        live = [node for node in g.nodes() if node.id not in dead]
+        needed = _needed(g)
+        live = [node for node in g.nodes() if node.id in needed or node.op is ARG]
         users = Counter(i for node in live for i in set(node.inputs))
         kept = set(g.outputs.values())
         vals: dict[int, Any] = {}
@@ -244,10 +252,41 @@ class Lowering:
             else:
                 outputs[nid] = buf
         if outputs:
-            emit_region(self, region, leaves, outputs, "fused")
+            self.emit_in_parts(region, leaves, outputs)
         for dst, src in copies:
             self.copy(dst, src)
         return tuple(bufs)
+
+    def emit_in_parts(self, region: Graph, leaves: dict[int, Buffer],
+                      outputs: dict[int, Buffer]) -> None:
+        """Emit a per-element region as loops of at most ``KERNEL_NODES`` nodes each.
+
+        The nodes are cut into consecutive parts of their topological order; a value that a
+        later part reads is stored by its own part into a workspace slot, which the later
+        part loads. A typical cell's region is one part: one loop, nothing stored."""
+        order = [n for n in region.topo() if n not in leaves
+                 and region.node(n).op not in (ARG, ops.constant)]
+        if len(order) <= KERNEL_NODES:
+            emit_region(self, region, leaves, outputs, "fused")
+            return
+        part = {nid: k // KERNEL_NODES for k, nid in enumerate(order)}
+        stored: dict[int, Buffer] = dict(leaves)
+        for first in range(0, len(order), KERNEL_NODES):
+            members = order[first:first + KERNEL_NODES]
+            here = part[members[0]]
+            reads = {i for nid in members for i in region.node(nid).inputs if i in stored}
+            # Outputs that are no part's node (a constant) are written with the first part.
+            writes = {} if first else {n: b for n, b in outputs.items() if n not in part}
+            for nid in members:
+                later = any(part.get(u, here) > here for u in region.users(nid))
+                if nid in outputs:
+                    writes[nid] = outputs[nid]
+                elif later:
+                    writes[nid] = self.slot(region.node(nid).shape)
+            if writes:
+                emit_region(self, region, {i: stored[i] for i in sorted(reads)}, writes,
+                            "fused")
+            stored.update(writes)
 
     # -- the program
     def lower(self) -> str:
@@ -261,6 +300,11 @@ class Lowering:
             self.copy(buf, self.env[name])
         self.builder.ret_void()
         self.entry.branch(self.builder.function.blocks[1])
+        calls = share_identical_functions(self.module, self.fn)
+        if calls > INLINE_CALL_SITES:
+            for fn in self.module.functions:
+                if fn is not self.fn and not fn.is_declaration:
+                    fn.attributes.add("noinline")
         text = str(self.module)
         return "\n".join(line + " " + _FUNCTION_ATTRIBUTES if line.startswith("define ") else line
                          for line in text.splitlines())
@@ -322,6 +366,47 @@ class Lowering:
                 final = self.destination(c.final, 2) or self.slot(shape_of[c.name])
                 self.copy(final, Buffer(b.load(cur_slot[c.name]), shape_of[c.name]))
                 self.env[c.final] = final
+
+
+def _needed(g: Graph) -> set[int]:
+    """The nodes some output of ``g`` depends on: one walk from all outputs at once."""
+    needed: set[int] = set()
+    stack = list(g.outputs.values())
+    while stack:
+        nid = stack.pop()
+        if nid not in needed:
+            needed.add(nid)
+            stack.extend(g.node(nid).inputs)
+    return needed
+
+
+def share_identical_functions(module: ir.Module, entry: ir.Function) -> int:
+    """Make ``entry`` call one copy of each set of identical internal functions (the kernels
+    of the same loop at different call sites), delete the others, and return how many calls
+    ``entry`` makes to internal functions."""
+    canonical: dict[str, ir.Function] = {}
+    same: dict[str, ir.Function] = {}
+    for fn in module.functions:
+        if fn is entry or fn.is_declaration:
+            continue
+        head, _, body = str(fn).partition("\n")
+        text = head.replace(f'@"{fn.name}"', "@", 1) + "\n" + body
+        first = canonical.setdefault(text, fn)
+        if first is not fn:
+            same[fn.name] = first
+    calls = 0
+    for fn in module.functions:
+        for block in fn.blocks:
+            for instr in block.instructions:
+                if not (isinstance(instr, ir.CallInstr) and isinstance(instr.callee, ir.Function)
+                        and not instr.callee.is_declaration):
+                    continue
+                calls += fn is entry
+                if instr.callee.name in same:
+                    instr.replace_callee(same[instr.callee.name])
+    for name in same:
+        del module.globals[name]
+    return calls
 
 
 def lower(program: Program, blas: Blas) -> tuple[str, Plan]:

@@ -6,7 +6,8 @@ checks; LLVM inlines the function into ``rnnc_run`` and keeps the no-alias facts
 A kernel takes ``(i64 T, i64 B, ptr...)`` so that symbolic dims resolve inside it.
 
 A region (a fused node's graph, or a single elementwise/layout node of an outer graph) is
-evaluated per element by recursion with an index per axis of the value being read: an operand
+evaluated per element, operands before users, with an index per axis of the value being read
+(an explicit stack, so a chain of thousands of ops needs no deep recursion): an operand
 of a smaller shape is read with broadcast axes pinned to 0, ``slice`` shifts the column,
 ``expand`` reads column 0, ``pad`` and ``concat`` select by column range with clamped indices so
 that every load stays inside its buffer.
@@ -149,75 +150,108 @@ class Kernel:
 
 
 class Region:
-    """Per-element evaluation of a graph region whose leaves are kernel buffers."""
+    """Per-element evaluation of a graph region whose leaves are kernel buffers.
+
+    A value is computed after its operands with an explicit stack, not by recursion: a chain of
+    thousands of elementwise ops is as deep as it is long.
+    """
 
     def __init__(self, kernel: Kernel, graph: Graph, leaves: dict[int, int]) -> None:
         self.k = kernel
         self.g = graph
         self.leaves = leaves  # node id -> kernel buffer number
-        self.memo: dict[tuple, ir.Value] = {}
+        # (node, ids of index values) -> (value, index); the index is kept so that no id is
+        # reused by a new index value while its key is in the memo.
+        self.memo: dict[tuple, tuple[ir.Value, tuple]] = {}
+
+    @staticmethod
+    def _key(nid: int, index: tuple) -> tuple:
+        return (nid,) + tuple(id(i) for i in index)
 
     def value(self, nid: int, index: tuple) -> ir.Value:
-        key = (nid,) + tuple(id(i) for i in index)
-        if key not in self.memo:
-            self.memo[key] = self._value(nid, index)
-        return self.memo[key]
+        """Node ``nid`` at element ``index``, emitting what it needs that is not yet emitted."""
+        pending: dict[tuple, tuple[list, Callable[[list], ir.Value]]] = {}
+        stack = [(nid, index)]
+        while stack:
+            top, at = stack[-1]
+            key = self._key(top, at)
+            if key in self.memo:
+                stack.pop()
+                continue
+            if key not in pending:
+                pending[key] = self._operands(top, at)
+            reads, finish = pending[key]
+            missing = [r for r in reads if self._key(*r) not in self.memo]
+            if missing:
+                stack.extend(reversed(missing))
+                continue
+            stack.pop()
+            self.memo[key] = (finish([self.memo[self._key(*r)][0] for r in reads]), at)
+        return self.memo[self._key(nid, index)][0]
 
-    def _operand(self, node: Any, pos: int, index: tuple) -> ir.Value:
-        src = node.inputs[pos]
-        return self.value(src, broadcast_index(index, node.shape, self.g.node(src).shape))
-
-    def _value(self, nid: int, index: tuple) -> ir.Value:
+    def _operands(self, nid: int, index: tuple
+                  ) -> tuple[list[tuple[int, tuple]], Callable[[list], ir.Value]]:
+        """The (operand, index) elements node ``nid`` reads at ``index``, and the function
+        combining their values into its own."""
         from rnnc.backends.llvm.rules import SCALAR
 
         if nid in self.leaves:
-            return self.k.load(self.leaves[nid], index)
+            return [], lambda _: self.k.load(self.leaves[nid], index)
         node = self.g.node(nid)
         b = self.k.builder
         scalar = self.k.ctx.scalar
         if node.op is ops.constant:
-            return ir.Constant(scalar, float(node.attrs["value"]))
+            return [], lambda _: ir.Constant(scalar, float(node.attrs["value"]))
         if node.op in SCALAR:
-            args = [self._operand(node, p, index) for p in range(len(node.inputs))]
-            return SCALAR[node.op](b, *args)
+            reads = [(src, broadcast_index(index, node.shape, self.g.node(src).shape))
+                     for src in node.inputs]
+            return reads, lambda args: SCALAR[node.op](b, *args)
         lead, j = index[:-1], index[-1]
         src = node.inputs[0] if node.inputs else None
         if node.op is ops.slice_:
-            return self.value(src, lead + (b.add(j, ir.Constant(I64, node.attrs["start"])),))
+            return ([(src, lead + (b.add(j, ir.Constant(I64, node.attrs["start"])),))],
+                    lambda args: args[0])
         if node.op is ops.expand:
-            return self.value(src, lead + (ir.Constant(I64, 0),))
+            return [(src, lead + (ir.Constant(I64, 0),))], lambda args: args[0]
         if node.op is ops.pad:
             n = self.g.node(src).shape[-1]
-            return self._piece(j, lead, src, node.attrs["before"], n, ir.Constant(scalar, 0.0))
+            inside = self._inside(j, node.attrs["before"], n)
+            zero = ir.Constant(scalar, 0.0)
+            return ([(src, lead + (self._clamped(j, node.attrs["before"], n),))],
+                    lambda args: b.select(inside, args[0], zero))
         if node.op is ops.concat:
-            result = None
+            reads, insides = [], []
             start = 0
-            for pos, part in enumerate(node.inputs):
+            for part in node.inputs:
                 n = self.g.node(part).shape[-1]
                 full = node.shape[:-1] + (n,)
                 part_lead = broadcast_index(lead + (j,), full, self.g.node(part).shape)[:-1]
-                result = self._piece(j, part_lead, part, start, n, result) if pos else \
-                    self._clamped(j, part_lead, part, start, n)
+                insides.append(self._inside(j, start, n) if reads else None)
+                reads.append((part, part_lead + (self._clamped(j, start, n),)))
                 start += n
-            return result
+
+            def select(args: list) -> ir.Value:
+                result = args[0]
+                for inside, arg in zip(insides[1:], args[1:], strict=True):
+                    result = b.select(inside, arg, result)
+                return result
+
+            return reads, select
         raise NotImplementedError(f"{node.op.name} cannot be evaluated per element")
 
-    def _clamped(self, j: ir.Value, lead: tuple, src: int, start: int, n: int) -> ir.Value:
-        """``src`` at column ``j - start`` clamped into ``[0, n)``: always a valid load."""
+    def _clamped(self, j: ir.Value, start: int, n: int) -> ir.Value:
+        """Column ``j - start`` clamped into ``[0, n)``: the load is always valid."""
         b = self.k.builder
         col = b.sub(j, ir.Constant(I64, start))
         col = b.select(b.icmp_signed("<", col, ir.Constant(I64, 0)), ir.Constant(I64, 0), col)
-        col = b.select(b.icmp_signed(">", col, ir.Constant(I64, n - 1)),
-                       ir.Constant(I64, n - 1), col)
-        return self.value(src, lead + (col,))
+        return b.select(b.icmp_signed(">", col, ir.Constant(I64, n - 1)),
+                        ir.Constant(I64, n - 1), col)
 
-    def _piece(self, j: ir.Value, lead: tuple, src: int, start: int, n: int,
-               otherwise: ir.Value) -> ir.Value:
-        """``src`` where ``start <= j < start + n``, ``otherwise`` elsewhere."""
+    def _inside(self, j: ir.Value, start: int, n: int) -> ir.Value:
+        """Whether ``start <= j < start + n``."""
         b = self.k.builder
-        inside = b.and_(b.icmp_signed(">=", j, ir.Constant(I64, start)),
-                        b.icmp_signed("<", j, ir.Constant(I64, start + n)))
-        return b.select(inside, self._clamped(j, lead, src, start, n), otherwise)
+        return b.and_(b.icmp_signed(">=", j, ir.Constant(I64, start)),
+                      b.icmp_signed("<", j, ir.Constant(I64, start + n)))
 
 
 def emit_region(ctx: Any, graph: Graph, leaves: dict[int, Buffer], outputs: dict[int, Buffer],

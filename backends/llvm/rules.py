@@ -77,36 +77,43 @@ def _matmul(ctx: Any, node: Node, a: Buffer, b: Buffer) -> Buffer:
                   b.ptr, n, out.ptr, n)
     elif node.attrs.get("transpose_b"):
         n, k = b.shape
-        builder = ctx.builder
-        own = a.shape[:-1] == ("B",) and gemm.fits(ctx, n)
-        moderate = builder.icmp_signed("<=", builder.mul(rows, ir.Constant(rows.type, n * k)),
-                                       ir.Constant(rows.type, gemm.MAX_WORK if own else 0))
-        with builder.if_else(moderate) as (mid, large):
-            with mid:
-                gemm.emit_panel_gemm(ctx, rows, a, b, out, transposed=True)
-            with large:
-                emit_gemm(ctx, False, True, (a.shape[:-1], (n,), (k,)), rows, n, k, a.ptr, k,
-                          b.ptr, k, out.ptr, n)
+        _own_or_blas(ctx, rows, a, b, out, n * k, transposed=True, blas=lambda: emit_gemm(
+            ctx, False, True, (a.shape[:-1], (n,), (k,)), rows, n, k, a.ptr, k, b.ptr, k,
+            out.ptr, n))
     else:
         k, n = b.shape
         builder = ctx.builder
         small = builder.icmp_signed("<=", rows, ir.Constant(rows.type, SMALL_ROWS))
-        # A per-step product of moderate size runs on rnnc's own register-tiled kernel; a
-        # large one (many rows, or the hoisted projection over all steps) on the BLAS.
-        own = a.shape[:-1] == ("B",) and gemm.fits(ctx, n)
-        moderate = builder.icmp_signed("<=", builder.mul(rows, ir.Constant(rows.type, n * k)),
-                                       ir.Constant(rows.type, gemm.MAX_WORK if own else 0))
         with builder.if_else(small) as (few_rows, many_rows):
             with few_rows:
                 emit_small_gemm(ctx, rows, a, b, out)
             with many_rows:
-                with builder.if_else(moderate) as (mid, large):
-                    with mid:
-                        gemm.emit_panel_gemm(ctx, rows, a, b, out)
-                    with large:
-                        emit_gemm(ctx, False, False, (a.shape[:-1], (n,), (k,)), rows, n, k,
-                                  a.ptr, k, b.ptr, n, out.ptr, n)
+                _own_or_blas(ctx, rows, a, b, out, n * k, transposed=False,
+                             blas=lambda: emit_gemm(ctx, False, False, (a.shape[:-1], (n,), (k,)),
+                                                    rows, n, k, a.ptr, k, b.ptr, n, out.ptr, n))
     return out
+
+
+def _own_or_blas(ctx: Any, rows: ir.Value, a: Buffer, b: Buffer, out: Buffer, nk: int,
+                 transposed: bool, blas: Callable[[], None]) -> None:
+    """A per-step product of moderate size runs on rnnc's own register-tiled kernel; a large
+    one (many rows, or the hoisted projection over all steps) on the BLAS.
+
+    The own kernel is emitted only where its shape fits: a branch that can never be taken
+    would still be compiled, and in a cell of hundreds of matmuls that dead code dominated
+    the compile time."""
+    n = b.shape[0] if transposed else b.shape[1]
+    if not (a.shape[:-1] == ("B",) and gemm.fits(ctx, n)):
+        blas()
+        return
+    builder = ctx.builder
+    moderate = builder.icmp_signed("<=", builder.mul(rows, ir.Constant(rows.type, nk)),
+                                   ir.Constant(rows.type, gemm.MAX_WORK))
+    with builder.if_else(moderate) as (mid, large):
+        with mid:
+            gemm.emit_panel_gemm(ctx, rows, a, b, out, transposed=transposed)
+        with large:
+            blas()
 
 
 def _reduce(ctx: Any, node: Node, a: Buffer) -> Buffer:
