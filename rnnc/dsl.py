@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import keyword
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -13,6 +14,7 @@ import numpy as np
 from rnnc import ops
 from rnnc.errors import CellError, RnncTypeError, RnncValueError, ShapeError
 from rnnc.ir import Carry, Graph, Program, Scan, Type
+from rnnc.validate import physical_memory
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _INTERNAL = {os.path.join(_HERE, f) for f in ("dsl.py", "ops.py", "ir.py", "composites.py")}
@@ -120,9 +122,17 @@ def _check_name(name: Any, what: str) -> str:
     return name
 
 
+# Sizes are below 2**31: BLAS and CUDA index with 32-bit integers (docs/inputs.md).
+MAX_SIZE = 2**31 - 1
+
+
 def _check_size(size: Any, what: str) -> int:
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
         raise CellError(f"{what} size must be a positive int, got {size!r}")
+    if size > MAX_SIZE:
+        raise CellError(f"{what} size {size} is too large: sizes must be at most 2**31 - 1 = "
+                        f"{MAX_SIZE} (BLAS and CUDA index with 32-bit integers); one float32 "
+                        f"row of this size alone needs {4 * int(size):,} bytes")
     return int(size)
 
 
@@ -227,6 +237,7 @@ class Cell:
         bound = 1.0 / np.sqrt(self.hidden_size)
         out = {}
         for name, shape in self.sizes("param").items():
+            _check_allocatable(name, shape, dtype)
             init = self.inits[name]
             if init is None:
                 arr = rng.uniform(-bound, bound, size=shape)
@@ -261,6 +272,16 @@ class Cell:
         results = tuple(self.outputs) + tuple(final_name(s) for s in self.states)
         return Program(args, Graph("f32"), scan, Graph("f32"), results, "f32",
                        {"cell": self.name})
+
+
+def _check_allocatable(name: str, shape: tuple[int, ...], dtype: Any) -> None:
+    """Raise CellError, naming the shape and the bytes, for a parameter too big to allocate."""
+    need = math.prod(shape) * max(np.dtype(dtype).itemsize, 8)  # drawn as float64 first
+    memory = physical_memory()
+    if memory is not None and need > memory:
+        raise CellError(f"parameter {name!r} of shape {shape} needs {need:,} bytes to "
+                        f"initialize, more than this machine's {memory:,} bytes of memory: "
+                        f"declare a smaller size")
 
 
 def final_name(state: str) -> str:
