@@ -60,6 +60,18 @@ ORACLE: dict[str, tuple[str, ...]] = {
     "prepare": (),
 }
 
+# Second-order modes "a.b": autodiff-b run on the program autodiff-a made, for double backward.
+# "backward.forward" is the backward that also stacks what its own backward,
+# "backward.backward", reads; "forward.backward" is the forward's backward taking cotangents of
+# the saved values too (d.save.N), reading what "forward.forward" stacks.
+_AFTER_AUTODIFF = {"forward": ("hoist-sequence", "fuse-elementwise"),
+                   "backward": ("canonicalize", "hoist-sequence", "fuse-elementwise")}
+SECOND_ORDER = ("forward.forward", "forward.backward", "backward.forward", "backward.backward")
+for _mode in SECOND_ORDER:
+    _first, _second = _mode.split(".")
+    ORACLE[_mode] = (f"autodiff-{_first}", f"autodiff-{_second}")
+    PIPELINES[_mode] = PREPARE + ORACLE[_mode] + _AFTER_AUTODIFF[_second]
+
 
 def pipeline(mode: str, masked: bool = False, optimize: bool = True) -> tuple[str, ...]:
     """The pass names run for ``mode``; variable lengths put mask-lengths first.

@@ -32,6 +32,16 @@ from rnnc.ir import ARG, Carry, Graph, Program, Scan, Type
 from rnnc.passes import register
 
 ORIGIN = "autodiff"
+# Arg roles a derivative is taken for: a forward's inputs and parameters and, when the program
+# is itself a backward (a second derivative), its saved values and cotangents too.
+_DIFFERENTIABLE = ("input", "param", "saved", "cotangent")
+
+
+def _first_free_save(program: Program) -> int:
+    """One past the largest ``save.N`` the program already reads, stacks or returns."""
+    names = set(program.args) | set(program.results) | set(program.scan.body.outputs)
+    taken = [int(n[5:]) for n in names if n.startswith("save.") and n[5:].isdigit()]
+    return max(taken, default=-1) + 1
 
 
 @dataclass
@@ -45,35 +55,60 @@ class _Plan:
     values: dict[int, int] = field(default_factory=dict)  # forward node -> backward node
     seqs: list[str] = field(default_factory=list)
     consts: list[str] = field(default_factory=list)
+    args: dict[str, int] = field(default_factory=dict)  # backward inputs made by ``arg``
+    # The first free save.N number: differentiating a program that already reads or stacks
+    # saved values (a second derivative) numbers its own saves after them.
+    first_save: int = 0
+    # Forward nodes that depend on parameters (and constants) only: one sweep in topological
+    # order, so an expression reused at every level costs its size, not 2**depth.
+    param_only: set[int] = field(init=False)
 
-    def param_only(self, nid: int) -> bool:
-        node = self.fwd.node(nid)
-        if node.op is ARG:
-            return self.roles[node.attrs["name"]] == "const"
-        return all(self.param_only(i) for i in node.inputs)
+    def __post_init__(self) -> None:
+        self.param_only = set()
+        for node in self.fwd.nodes():
+            if node.op is ARG:
+                if self.roles[node.attrs["name"]] == "const":
+                    self.param_only.add(node.id)
+            elif all(i in self.param_only for i in node.inputs):
+                self.param_only.add(node.id)
 
     def arg(self, name: str, shape: tuple, kind: str) -> int:
-        args = self.bwd.args()
-        if name in args:
-            return args[name]
-        (self.seqs if kind == "seq" else self.consts).append(name)
-        return self.bwd.arg(name, shape, kind, ORIGIN)
+        if name not in self.args:
+            (self.seqs if kind == "seq" else self.consts).append(name)
+            self.args[name] = self.bwd.arg(name, shape, kind, ORIGIN)
+        return self.args[name]
 
     def read(self, nid: int) -> int:
         """The backward node holding forward value ``nid`` at the same step."""
-        if nid in self.values:
-            return self.values[nid]
+        # A recomputed parameter-only value needs its operands first: visit them with an
+        # explicit stack (a chain of thousands of nodes must not recurse).
+        stack = [nid]
+        while stack:
+            top = stack[-1]
+            if top in self.values:
+                stack.pop()
+                continue
+            node = self.fwd.node(top)
+            recompute = node.op is not ARG and (node.op is ops.constant
+                                                 or top in self.param_only)
+            missing = [i for i in node.inputs if i not in self.values] if recompute else []
+            if missing:
+                stack.extend(reversed(missing))  # leftmost first, as a recursion would
+                continue
+            stack.pop()
+            self.values[top] = self._place(top, recompute)
+        return self.values[nid]
+
+    def _place(self, nid: int, recompute: bool) -> int:
+        """Where backward reads ``nid``: an input, a recomputation, or a saved value."""
         node = self.fwd.node(nid)
         if node.op is ARG and self.roles[node.attrs["name"]] != "carry":
-            role = self.roles[node.attrs["name"]]
-            out = self.arg(node.attrs["name"], node.shape, role)
-        elif node.op is ops.constant or (node.op is not ARG and self.param_only(nid)):
-            out = self.bwd.add(node.op, [self.read(i) for i in node.inputs], node.attrs, ORIGIN)
-        else:
-            name = self.saved.setdefault(nid, f"save.{len(self.saved)}")
-            out = self.arg(name, node.shape, "seq")
-        self.values[nid] = out
-        return out
+            return self.arg(node.attrs["name"], node.shape, self.roles[node.attrs["name"]])
+        if recompute:
+            return self.bwd.add(node.op, [self.values[i] for i in node.inputs], node.attrs,
+                                ORIGIN)
+        name = self.saved.setdefault(nid, f"save.{self.first_save + len(self.saved)}")
+        return self.arg(name, node.shape, "seq")
 
 
 class _Emitter:
@@ -126,11 +161,11 @@ def _backward_body(program: Program) -> tuple[_Plan, dict[str, int]]:
     roles = {name: "seq" for name in scan.seqs}
     roles.update({name: "const" for name in scan.consts})
     roles.update({c.name: "carry" for c in scan.carries})
-    plan = _Plan(fwd, Graph(program.dtype), roles)
+    plan = _Plan(fwd, Graph(program.dtype), roles, first_save=_first_free_save(program))
     e = _Emitter(plan)
     args = fwd.args()
     differentiable = {nid for name, nid in args.items()
-                      if program.args.get(name, ("carry",))[0] in ("input", "param")
+                      if program.args.get(name, ("carry",))[0] in _DIFFERENTIABLE
                       or roles[name] == "carry"}
     active = fwd.depends_on(differentiable)
 
@@ -147,6 +182,9 @@ def _backward_body(program: Program) -> tuple[_Plan, dict[str, int]]:
     for name in scan.stacked:
         shape = fwd.node(fwd.outputs[name]).shape
         accumulate(fwd.outputs[name], plan.arg(f"d.{name}", shape, "seq"))
+    for name in scan.summed:  # a sum over steps: every step sees the same cotangent
+        shape = fwd.node(fwd.outputs[name]).shape
+        accumulate(fwd.outputs[name], plan.arg(f"d.{name}", shape, "const"))
 
     for nid in reversed(fwd.topo()):
         node = fwd.node(nid)
@@ -203,14 +241,12 @@ def autodiff_backward(program: Program) -> Program:
     for name in plan.seqs:
         if name in program.args:
             args[name] = program.args[name]
-        elif name.startswith("d."):
-            args[name] = ("cotangent", Type(dtype, ("T",) + plan.bwd.node(
-                plan.bwd.args()[name]).shape))
         else:
-            args[name] = ("saved", Type(dtype, ("T",) + plan.bwd.node(
-                plan.bwd.args()[name]).shape))
-    for name in plan.consts:
-        args[name] = program.args[name]
+            role = "cotangent" if name.startswith("d.") else "saved"
+            args[name] = (role, Type(dtype, ("T",) + plan.bwd.node(plan.args[name]).shape))
+    for name in plan.consts:  # a parameter, or the cotangent of a summed output
+        args[name] = program.args.get(name) or (
+            "cotangent", Type(dtype, plan.bwd.node(plan.args[name]).shape))
     carries = []
     for c in scan.carries:
         init = f"d.{c.final}" if c.final else f"d.{c.name}.final"
