@@ -7,6 +7,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -14,8 +15,10 @@ import numpy as np
 from rnnc import backends, passes, validate
 from rnnc.dsl import Cell, final_name
 from rnnc.errors import RnncTypeError, RnncValueError
+from rnnc.fingerprint import fingerprint
 from rnnc.ir import Program, retype
 from rnnc.layout import Layout
+from rnnc.names import MASK
 from rnnc.printer import format_program
 
 NP = {"f32": np.float32, "f64": np.float64}
@@ -62,6 +65,7 @@ class Function:
         cell.check()
         self.cell = cell
         self.optimize = optimize
+        validate.backend_options(backend, options)
         self.backend = backends.get(backend, **options)
         self._base = cell.program()
         self._programs: dict[tuple[str, str, bool], Program] = {}
@@ -71,8 +75,8 @@ class Function:
         self.states = cell.sizes("state")
         self.params = cell.sizes("param")
         self.outputs = tuple(cell.outputs)
-        self._text = format_program(self._base)
-        prepared = _optimized(self._text, self._base, self._pipeline("prepare", False))
+        self._identity = fingerprint(self._base)  # structure with exact constants, not text
+        prepared = _optimized(self._identity, self._base, self._pipeline("prepare", False))
         self.layout = Layout(
             [b for b in prepared.meta.get("layout", ())] or Layout.identity(self.params).blocks,
             self.params)
@@ -94,16 +98,21 @@ class Function:
             return passes.run(retype(self._base, dtype), self._pipeline(mode, lengths), callback)
         key = (mode, dtype, lengths)
         if key not in self._programs:
-            self._programs[key] = _optimized(self._text, retype(self._base, dtype),
+            self._programs[key] = _optimized(self._identity, retype(self._base, dtype),
                                              self._pipeline(mode, lengths))
         return self._programs[key]
 
     def _runner(self, mode: str, dtype: str, masked: bool):
         key = (mode, dtype, masked)
         with self._lock:
-            if key not in self._runners:
-                self._runners[key] = self.backend.build(self.program(mode, dtype, masked))
-            return self._runners[key]
+            if key in self._runners:
+                return self._runners[key]
+        # Built outside the lock, so that a process forked while another thread compiles never
+        # inherits it held; two threads racing here build the same code (the backend's code
+        # cache makes the second cheap) and the first one stored wins.
+        runner = self.backend.build(self.program(mode, dtype, masked))
+        with self._lock:
+            return self._runners.setdefault(key, runner)
 
     def ir(self, mode: str = "inference", dtype: str = "f32", lengths: bool = False) -> str:
         """The optimized program for ``mode`` as text."""
@@ -136,25 +145,46 @@ class Function:
     def _param_blocks(self, params: Any, dtype: str) -> dict[str, np.ndarray]:
         if isinstance(params, np.ndarray):
             self.layout.check_flat(params)
+            params = validate.native(params)
             if validate.float_dtype(params, "flat parameter buffer") != dtype:
                 raise RnncTypeError(f"flat parameter buffer is {params.dtype}, the input is "
-                                    f"{np.dtype(NP[dtype])}")
-            return self.layout.block_views(np.ascontiguousarray(params))
+                                    f"{np.dtype(NP[dtype])}: convert one of them with .astype")
+            return self.layout.block_views(validate.contiguous(params, "flat parameter buffer"))
         params = validate.named_arrays("parameter", self.params, params, dtype, None, True)
         return self.layout.block_views(self.layout.pack(params, NP[dtype]))
 
     # -- running
     def _prepare(self, x: Any, params: Any, states: Any, lengths: Any):
         xs, dtype, T, B = validate.sequences(self.inputs, x)
+        validate.params_dtype(x, params, dtype)
         env: dict[str, np.ndarray] = dict(xs)
         env.update(self._param_blocks(params, dtype))
-        given = validate.named_arrays("state", self.states, states, dtype, B, False)
+        given = validate.named_arrays("state", self.states, states, dtype, B, False, T=T)
+        lens = validate.lengths(lengths, T, B)
+        validate.call_memory(self._new_arrays(T, B, given), dtype, validate.physical_memory())
         for name, shape in self.states.items():
             env[name] = given.get(name, np.zeros((B, shape[-1]), NP[dtype]))
-        lens = validate.lengths(lengths, T, B)
         if lens is not None:
-            env["mask"] = validate.mask(lens, T, dtype)
+            env[MASK] = validate.mask(lens, T, dtype)
         return env, dtype, T, B, lens
+
+    @cached_property
+    def _output_sizes(self) -> dict[str, int]:
+        return {name: self.cell.graph.node(node).shape[-1]
+                for name, node in self.cell.outputs.items()}
+
+    def _new_arrays(self, T: int, B: int, given: Mapping[str, np.ndarray]
+                    ) -> dict[str, tuple[tuple[int, ...], str]]:
+        """The arrays any call allocates, at least: outputs, final states, omitted states."""
+        out = {}
+        for name, width in self._output_sizes.items():
+            out[f"output {name!r}"] = ((T, B, width), f"T={T}, B={B}, output size {width}")
+        for name, shape in self.states.items():
+            why = f"B={B}, state {name!r} of size {shape[-1]}"
+            out[f"final state {name!r}"] = ((B, shape[-1]), why)
+            if name not in given:
+                out[f"initial state {name!r}"] = ((B, shape[-1]), why)
+        return out
 
     def _split(self, res: Mapping[str, np.ndarray]):
         ys = {name: res[name] for name in self.outputs}
@@ -225,15 +255,86 @@ class Function:
         return Grads(gx if len(gx) > 1 else next(iter(gx.values())), self.layout.unpack(flat),
                      {s: d_st[s].copy() for s in self.states}, flat)
 
+    # -- second order
+    def double_backward(self, tape: Tape, d_outputs: Mapping[str, Any] | None,
+                        d_states: Mapping[str, Any] | None, g_x: Mapping[str, Any] | None,
+                        g_params: Mapping[str, Any] | None, g_states: Mapping[str, Any] | None
+                        ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], Grads]:
+        """The derivative of ``backward(tape, d_outputs, d_states)``.
+
+        ``g_x`` (by input name), ``g_params`` and ``g_states`` are cotangents of the
+        ``Grads`` that backward returns (omitted entries are zero). Returns the cotangents of
+        backward's arguments: ``(of d_outputs, of d_states, Grads)``, where ``Grads`` holds
+        those of the forward's ``x``, ``params`` and initial ``states``. The backward reads
+        them directly and through the values the forward saved, so this runs the backward of
+        the backward program ("backward.backward"), then the forward's backward with the
+        saved values' cotangents ("forward.backward"), each after the training forward
+        ("backward.forward", "forward.forward") that saves what it reads.
+        """
+        if not isinstance(tape, Tape) or tape.owner is not self:
+            raise RnncValueError("double_backward() takes a tape from this function's forward()")
+        dtype, T, B = tape.dtype, tape.T, tape.B
+        outs = {n: ("T", "B", self.cell.graph.node(self.cell.outputs[n]).shape[-1])
+                for n in self.outputs}
+        d_out = _cotangents("output gradient", outs, d_outputs, dtype, T, B)
+        d_st = _cotangents("state gradient", self.states, d_states, dtype, T, B)
+        u_x = _cotangents("input gradient cotangent",
+                          {n: ("T", "B", s[-1]) for n, s in self.inputs.items()}, g_x, dtype,
+                          T, B)
+        u_st = _cotangents("state gradient cotangent", self.states, g_states, dtype, T, B)
+        u_flat = self.layout.pack({n: np.asarray(g_params[n]) if g_params and n in g_params
+                                   else np.zeros(s, NP[dtype]) for n, s in self.params.items()},
+                                  NP[dtype])
+        if T == 0:  # backward passed d_states through: so does its derivative
+            zero = self._zero_grads(tape, {s: np.zeros_like(v) for s, v in d_st.items()})
+            return ({n: np.zeros_like(v) for n, v in d_out.items()}, u_st, zero)
+        masked, dims = tape.lengths is not None, {"T": T, "B": B}
+        env = dict(tape.env)
+        env.update({f"d.{n}": v for n, v in d_out.items()})
+        env.update({f"d.{final_name(n)}": v for n, v in d_st.items()})
+        env.update(_saves(self._runner("backward.forward", dtype, masked)(env, dims), env))
+        env.update({f"d.grad.{n}": v for n, v in u_x.items()})
+        env.update({f"d.grad.{n}": v for n, v in u_st.items()})
+        env.update({f"d.grad.{n}": v for n, v in self.layout.block_views(u_flat).items()})
+        direct = self._runner("backward.backward", dtype, masked)(env, dims)
+        # The saved values' cotangents flow back to x, params and states through the forward.
+        env = dict(tape.env)
+        env.update({f"d.{n}": np.zeros_like(v) for n, v in d_out.items()})
+        env.update({f"d.{final_name(n)}": np.zeros_like(v) for n, v in d_st.items()})
+        env.update({f"d.{n}": direct.get(f"grad.{n}", np.zeros_like(v))
+                    for n, v in tape.env.items() if n.startswith("save.")})
+        env.update(_saves(self._runner("forward.forward", dtype, masked)(tape.env, dims), env))
+        through = self._runner("forward.backward", dtype, masked)(env, dims)
+        flat = np.zeros(self.layout.size, NP[dtype])
+        for name, view in self.layout.block_views(flat).items():
+            for res in (direct, through):
+                if f"grad.{name}" in res:
+                    view += res[f"grad.{name}"]
+        gx = {n: sum((r[f"grad.{n}"] for r in (direct, through) if f"grad.{n}" in r),
+                     np.zeros((T, B, s[-1]), NP[dtype])) for n, s in self.inputs.items()}
+        grads = Grads(gx if len(gx) > 1 else next(iter(gx.values())), self.layout.unpack(flat),
+                      {s: through[f"grad.{s}"] for s in self.states}, flat)
+        dd_out = {n: direct.get(f"grad.d.{n}", np.zeros_like(v)) for n, v in d_out.items()}
+        dd_st = {s: direct.get(f"grad.d.{final_name(s)}", np.zeros_like(v))
+                 for s, v in d_st.items()}
+        return dd_out, dd_st, grads
+
+
+def _saves(results: Mapping[str, np.ndarray], env: Mapping[str, np.ndarray]
+           ) -> dict[str, np.ndarray]:
+    """The ``save.N`` of a second-order training forward that ``env`` does not hold yet."""
+    return {n: v for n, v in results.items() if n.startswith("save.") and n not in env}
+
 
 _OPTIMIZED: OrderedDict[tuple, Program] = OrderedDict()
 _OPTIMIZED_LOCK = threading.Lock()
 
 
-def _optimized(text: str, program: Program, names: tuple[str, ...]) -> Program:
+def _optimized(identity: str, program: Program, names: tuple[str, ...]) -> Program:
     """``program`` after the passes ``names``, shared by every function of the same traced
-    program (passes are pure and deterministic, and nothing mutates an optimized program)."""
-    key = (text, program.dtype, names)
+    program, whose :func:`~rnnc.fingerprint.fingerprint` is ``identity`` (passes are pure and
+    deterministic, and nothing mutates an optimized program)."""
+    key = (identity, program.dtype, names)
     with _OPTIMIZED_LOCK:
         if key in _OPTIMIZED:
             _OPTIMIZED.move_to_end(key)

@@ -315,11 +315,8 @@ class RNN:
         return [list(row) for row in params]
 
     def _check_x(self, x: Any, dtype: np.dtype) -> np.ndarray:
-        if not isinstance(x, np.ndarray):
-            try:
-                x = np.asarray(x)
-            except Exception as err:  # noqa: BLE001 - anything array-like or an error
-                raise RnncTypeError(f"x must be a NumPy array, got {type(x).__name__}") from err
+        given = x
+        x = validate.as_array(x, "x")
         layout = "(B, T, input_size)" if self.batch_first else "(T, B, input_size)"
         if x.ndim != 3:
             raise RnncValueError(f"x must have shape {layout} = 3 dimensions, got shape "
@@ -328,8 +325,11 @@ class RNN:
             raise RnncValueError(f"x must have {self.input_size} features (shape {layout}), "
                                  f"got shape {x.shape}")
         if x.dtype != dtype:
-            raise RnncTypeError(f"x is {x.dtype}, but the layer's parameters are {dtype}; "
-                                f"mixing dtypes is an error")
+            if x.dtype.kind != "f":
+                validate.float_dtype(x, "x")
+            raise RnncTypeError(validate.dtype_mismatch(
+                "x", given, x.dtype.name, dtype.name, "the layer's parameters are",
+                f"a {x.dtype.name} layer (rnnc.RNN(..., dtype=np.{x.dtype.name}))"))
         return x.transpose(1, 0, 2) if self.batch_first else x
 
     def _check_lengths(self, lengths: Any, T: int, B: int) -> np.ndarray | None:
@@ -344,8 +344,8 @@ class RNN:
                                  f"{arr.shape}{hint}")
         return validate.lengths(arr, T, B)
 
-    def _check_states(self, states: Any, B: int, dtype: np.dtype, what: str = "state"
-                      ) -> dict[str, np.ndarray]:
+    def _check_states(self, states: Any, B: int, dtype: np.dtype, what: str = "state",
+                      T: int | None = None) -> dict[str, np.ndarray]:
         LD = self.num_layers * self.num_directions
         if states is None:
             states = {}
@@ -362,12 +362,21 @@ class RNN:
             if value is None:
                 out[name] = np.zeros((LD, B, size), dtype)
                 continue
-            arr = np.asarray(value)
+            arr = validate.as_array(value, f"{what} {name!r}")
             if arr.shape != (LD, B, size):
+                hint = ""
+                if T is not None and T != B and arr.shape == (LD, T, size):
+                    hint = (f"; {T} is the size of x's time axis, not of its batch axis "
+                            f"(B={B}): " + ("with batch_first=True x is (B, T, features)"
+                                            if self.batch_first else
+                                            "x looks batch-first, so create the layer with "
+                                            "batch_first=True (or pass x.transpose(1, 0, 2))"))
                 raise RnncValueError(f"{what} {name!r} must have shape (num_layers * "
-                                     f"directions, B, size) = {(LD, B, size)}, got {arr.shape}")
+                                     f"directions, B, size) = {(LD, B, size)}, got "
+                                     f"{arr.shape}{hint}")
             if arr.dtype != dtype:
-                raise RnncTypeError(f"{what} {name!r} is {arr.dtype}, expected {dtype}")
+                raise RnncTypeError(f"{what} {name!r} is {arr.dtype}, expected {dtype}: convert "
+                                    f"it with .astype(np.{dtype.name})")
             out[name] = arr
         return out
 
@@ -398,7 +407,7 @@ class RNN:
         x = self._check_x(x, dtype)
         T, B = x.shape[:2]
         lens = self._check_lengths(lengths, T, B)
-        init = self._check_states(states, B, dtype)
+        init = self._check_states(states, B, dtype, T=T)
         if B == 0:  # nothing to compute; compiled functions refuse an empty batch
             return self._run_empty(T, dtype, train)
         L, D = self.num_layers, self.num_directions
@@ -517,6 +526,98 @@ class RNN:
             g_in = np.where(valid, g_in, 0).astype(dtype, copy=False)
         gx = g_in.transpose(1, 0, 2) if self.batch_first else g_in
         return LayerGrads(np.ascontiguousarray(gx), g_params, g_states)
+
+    def double_backward(self, tape: LayerTape, d_y: np.ndarray,
+                        d_states: Mapping[str, np.ndarray], g_x: np.ndarray, g_params: Grid,
+                        g_states: Mapping[str, np.ndarray]
+                        ) -> tuple[np.ndarray, dict[str, np.ndarray], LayerGrads]:
+        """The derivative of ``backward(tape, d_y, d_states)``.
+
+        ``g_x``, ``g_params`` and ``g_states`` are cotangents of the ``LayerGrads`` that
+        backward returns (same shapes, all given). Returns the cotangents of ``d_y``, of
+        ``d_states`` and, as ``LayerGrads``, of the forward's x, params and initial states.
+        Each cell's part is ``Function.double_backward``; this method composes them as
+        ``backward`` composes the cells' backward, in reverse: up the layers for what flows
+        through the first backward's chain of ``d_y``, then down the layers for what reaches
+        a layer's input, which the layer below computed.
+        """
+        L, D, H = self.num_layers, self.num_directions, self.output_size
+        T, B, dtype, rev = tape.T, tape.B, tape.dtype, tape.reverse_index
+        if B == 0:
+            grads = self._backward_empty(tape)
+            return np.zeros_like(d_y), {n: np.zeros_like(v) for n, v in d_states.items()}, grads
+
+        def time_major(a: np.ndarray) -> np.ndarray:
+            return a.transpose(1, 0, 2) if self.batch_first else a
+
+        def valid(a: np.ndarray) -> np.ndarray:  # zero past each length, as backward does
+            if tape.lengths is None:
+                return a
+            keep = (np.arange(T)[:, None] < tape.lengths[None, :])[:, :, None]
+            return np.where(keep, a, 0).astype(dtype, copy=False)
+
+        def to_cell(a: np.ndarray, d: int) -> np.ndarray:  # its own transpose: an involution
+            return np.ascontiguousarray(a if d == 0 else _gather(a, rev))
+
+        def output_cotangent(g: np.ndarray, d: int) -> np.ndarray:
+            return to_cell(valid(g[:, :, d * H:(d + 1) * H]), d)
+
+        def dropout(k: int, g: np.ndarray) -> np.ndarray:
+            mask = tape.dropout_masks[k] if k < L - 1 else None
+            return g if mask is None else g * mask
+
+        out, names = self.output_name, self.state_sizes
+        # Replay the first backward down the layers for the cotangents each cell received.
+        d_in: list[np.ndarray] = [np.empty(0)] * L
+        d_in[L - 1] = time_major(np.asarray(d_y))
+        for k in range(L - 1, 0, -1):
+            gx = np.zeros((T, B, self.layer_input_size(k)), dtype)
+            for d in range(D):
+                g = self.function(k).backward(
+                    tape.tapes[k][d], {out: output_cotangent(dropout(k, d_in[k]), d)},
+                    {n: d_states[n][k * D + d] for n in names})
+                gx += to_cell(g.x, d)
+            d_in[k - 1] = gx
+        # Up the layers: a cell's double backward, given what flows into its gradients.
+        u = valid(time_major(np.asarray(g_x)))  # the cotangent of layer k's input gradient
+        c_params: Grid = [[{} for _ in range(D)] for _ in range(L)]
+        c_states = {n: np.zeros((L * D, B, s), dtype) for n, s in names.items()}
+        c_d_states = {n: np.zeros((L * D, B, s), dtype) for n, s in names.items()}
+        c_inputs: list[np.ndarray] = []  # the cotangent of each layer's input
+        for k in range(L):
+            c_d_in = np.zeros((T, B, D * H), dtype)
+            c_inputs.append(np.zeros((T, B, self.layer_input_size(k)), dtype))
+            for d in range(D):
+                row = k * D + d
+                dd_out, dd_st, g = self.function(k).double_backward(
+                    tape.tapes[k][d], {out: output_cotangent(dropout(k, d_in[k]), d)},
+                    {n: d_states[n][row] for n in names},
+                    {next(iter(self.function(k).inputs)): to_cell(u, d)},
+                    g_params[k][d], {n: g_states[n][row] for n in names})
+                c_d_in[:, :, d * H:(d + 1) * H] = valid(to_cell(dd_out[out], d))
+                c_inputs[k] += to_cell(g.x, d)
+                c_params[k][d] = {n: a.copy() for n, a in g.params.items()}
+                for n in names:
+                    c_states[n][row] = g.states[n]
+                    c_d_states[n][row] = dd_st[n]
+            u = dropout(k, c_d_in)
+        c_d_y = u
+        # Down the layers: a layer's input is the layer below's output.
+        for k in range(L - 1, 0, -1):
+            ct = dropout(k - 1, c_inputs[k])
+            for d in range(D):
+                row = (k - 1) * D + d
+                g = self.function(k - 1).backward(
+                    tape.tapes[k - 1][d], {out: output_cotangent(ct, d)},
+                    {n: np.zeros((B, s), dtype) for n, s in names.items()})
+                c_inputs[k - 1] += to_cell(g.x, d)
+                for n, a in g.params.items():
+                    c_params[k - 1][d][n] += a
+                for n in names:
+                    c_states[n][row] += g.states[n]
+        c_x = valid(c_inputs[0])
+        return (np.ascontiguousarray(time_major(c_d_y)), c_d_states,
+                LayerGrads(np.ascontiguousarray(time_major(c_x)), c_params, c_states))
 
     # -- weights
     def _standard(self, what: str) -> str:

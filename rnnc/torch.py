@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
+from rnnc import torch_ops
 from rnnc import weights as W
 from rnnc.errors import RnncRuntimeError, RnncTypeError, RnncValueError
 from rnnc.layers import RNN as Layer
@@ -132,15 +133,23 @@ class _Apply(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        module, _, _, box, _, *tensors = inputs
+        module, _, _, box, x, *tensors = inputs
         ctx.module, ctx.tape = module, box.tape
         ctx.given = tuple(s is not None for s in tensors[:len(module.state_names)])
+        # The tape reads x, the states and the weights in place (no copies). Saving them makes
+        # autograd check their versions: changed in place before backward, backward raises
+        # "modified by an inplace operation" as nn.LSTM does, instead of wrong gradients.
+        ctx.save_for_backward(x, *tensors)
 
     @staticmethod
     def backward(ctx: Any, d_y: torch.Tensor, *d_final: torch.Tensor
                  ) -> tuple[torch.Tensor | None, ...]:
+        # Reading them is the version check; passing them on makes the gradients functions of
+        # x, the states and the weights too, for double backward.
+        primals = ctx.saved_tensors
+
         def run(*cotangents: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            return _Backward.apply(ctx.module, ctx.tape, ctx.given, *cotangents)
+            return _Backward.apply(ctx.module, ctx.tape, ctx.given, *cotangents, *primals)
 
         grads = list(_legacy_vmap_loop(run, (d_y, *d_final)))
         d_x = grads.pop(0)
@@ -219,14 +228,17 @@ class _Backward(torch.autograd.Function):
     """``(d_y, *d_final) -> (d_x, *d_given_states, *d_params)`` from a forward's tape.
 
     A function of its own so that a vmap over gradients (``gradcheck``'s batched checks)
-    has a rule: a loop over the cotangents, reusing the tape. Its own derivative (double
-    backward) is not implemented and raises instead of returning silent zeros.
+    has a rule: a loop over the cotangents, reusing the tape. It also takes the forward's
+    ``x``, states and weights (``primals``; the tape already holds their values) so that its
+    own derivative, double backward, reaches them: ``rnnc.RNN.double_backward``, which
+    differentiates rnnc's backward programs. A third derivative raises.
     """
 
     @staticmethod
     def forward(module: RNN, tape: Any, given: tuple[bool, ...], d_y: torch.Tensor,
-                *d_final: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                *rest: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         names = module.state_names
+        d_final = rest[:len(names)]
         g = module.layer.backward(tape, to_numpy(d_y),
                                   {n: to_numpy(d) for n, d in zip(names, d_final, strict=True)})
         d_states = [from_numpy(g.states[n], d_y) for n, k in zip(names, given, strict=True) if k]
@@ -235,19 +247,36 @@ class _Backward(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        pass
+        module, tape, given, d_y, *rest = inputs
+        ctx.module, ctx.tape, ctx.given = module, tape, given
+        ctx.save_for_backward(d_y, *rest[:len(module.state_names)])
 
     @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        raise RnncRuntimeError("rnnc.torch.RNN is differentiable once: double backward "
-                               "(create_graph=True, gradgradcheck) is not implemented")
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, u_x: torch.Tensor, *u_rest: torch.Tensor
+                 ) -> tuple[torch.Tensor | None, ...]:
+        module, names = ctx.module, ctx.module.state_names
+        d_y, *d_final = ctx.saved_tensors
+        u = list(u_rest)
+        u_states = {n: to_numpy(u.pop(0)) if given else np.zeros_like(to_numpy(d))
+                    for n, given, d in zip(names, ctx.given, d_final, strict=True)}
+        c_dy, c_d_states, c = module.layer.double_backward(
+            ctx.tape, to_numpy(d_y), {n: to_numpy(d) for n, d in zip(names, d_final,
+                                                                      strict=True)},
+            to_numpy(u_x), module._rnnc_params(tuple(u)), u_states)
+        c_states = [from_numpy(c.states[n], d_y) if given else None
+                    for n, given in zip(names, ctx.given, strict=True)]
+        return (None, None, None, from_numpy(c_dy, d_y),
+                *(from_numpy(c_d_states[n], d_y) for n in names),
+                from_numpy(c.x, d_y), *c_states,
+                *(from_numpy(a, d_y) for a in module._torch_grads(c.params)))
 
     @staticmethod
     def vmap(info: Any, in_dims: tuple[int | None, ...], module: RNN, tape: Any,
-             given: tuple[bool, ...], d_y: torch.Tensor, *d_final: torch.Tensor
+             given: tuple[bool, ...], d_y: torch.Tensor, *rest: torch.Tensor | None
              ) -> tuple[tuple[torch.Tensor, ...], tuple[int, ...]]:
         return _loop_vmap(info.batch_size, in_dims[3:], lambda *a: _Backward.apply(
-            module, tape, given, *a), (d_y, *d_final))
+            module, tape, given, *a), (d_y, *rest))
 
 
 class RNN(nn.Module):
@@ -266,6 +295,7 @@ class RNN(nn.Module):
                  dtype: torch.dtype | None = None, *, nonlinearity: str | None = None,
                  **backend_options: Any) -> None:
         super().__init__()
+        self._op_key = torch_ops.register(self)
         mode = _check_arguments(mode, nonlinearity, input_size, hidden_size, num_layers, bias,
                                 batch_first, dropout, proj_size)
         self.layer = Layer(mode, input_size, hidden_size, num_layers=num_layers,
@@ -336,6 +366,10 @@ class RNN(nn.Module):
     def __getstate__(self) -> dict[str, Any]:
         check_picklable(self.mode)  # fail here, naming the fix, not deep inside pickle
         return super().__getstate__()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._op_key = torch_ops.register(self)  # a copy is another module for the op
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RNN:
         """A deep copy needs no pickling, so any cell factory (even a lambda) is fine."""
@@ -464,11 +498,14 @@ class RNN(nn.Module):
         self._check_states(states, x.shape[0 if self.batch_first else 1], x.dtype, unbatched)
         if unbatched:
             states = [None if s is None else s.unsqueeze(1) for s in states]
-        seed = None
-        if self.training and self.dropout > 0 and self.num_layers > 1:
-            seed = int(torch.randint(0, 2**62, (1,)).item())
-        y, *final = _Apply.apply(self, lengths, seed, _Box(), x, *states,
-                                 *self._flat_parameters())
+        if torch.compiler.is_compiling():  # one opaque op in the compiled graph
+            y, *final = torch_ops.apply(self, x, states, lengths)
+        else:
+            seed = None
+            if self.training and self.dropout > 0 and self.num_layers > 1:
+                seed = int(torch.randint(0, 2**62, (1,)).item())
+            y, *final = _Apply.apply(self, lengths, seed, _Box(), x, *states,
+                                     *self._flat_parameters())
         if unbatched:
             y = y.squeeze(0 if self.batch_first else 1)
             final = [f.squeeze(1) for f in final]

@@ -532,6 +532,55 @@ def test_fork_while_another_thread_compiles(tmp_path: Path, monkeypatch, where: 
     assert child.exitcode == 0
 
 
+_SHARED: dict = {}
+
+
+def _shared_function_child() -> None:
+    fn = _SHARED["fn"]
+    x = np.full((3, 2, 16), 0.1, np.float32)
+    ys, _ = fn(x, fn.cell.init_params(seed=0))
+    if not np.isfinite(ys["y"]).all():
+        raise SystemExit(3)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+@pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
+def test_fork_while_the_same_function_compiles(monkeypatch) -> None:
+    """A child forked while a thread compiles for one Function calls that Function itself."""
+    parent = os.getpid()
+    compiling = threading.Event()
+    release = threading.Event()
+    real_compile = cache.compile_ir
+
+    def compile_ir(text: str) -> bytes:
+        if os.getpid() == parent:
+            compiling.set()
+            release.wait(120)
+        return real_compile(text)
+
+    monkeypatch.setattr(cache, "compile_ir", compile_ir)
+    fn = rnnc.compile(rnnc.cells.gru(16, 24), backend="llvm", cache_dir=False)
+    _SHARED["fn"] = fn
+    x = np.zeros((3, 2, 16), np.float32)
+    caller = threading.Thread(target=lambda: fn(x, fn.cell.init_params(seed=0)))
+    caller.start()
+    try:
+        assert compiling.wait(120)
+        child = multiprocessing.get_context("fork").Process(target=_shared_function_child)
+        child.start()
+        child.join(120)
+        alive = child.is_alive()
+        if alive:
+            child.kill()
+            child.join()
+    finally:
+        release.set()
+        caller.join(120)
+        _SHARED.clear()
+    assert not alive, "the forked child blocked on the Function's lock"
+    assert child.exitcode == 0
+
+
 def _spawn_child(root: str, queue) -> None:
     program = rnnc.compile(rnnc.cells.rnn(2, 3)).program()
     runner = LlvmBackend(cache_dir=Path(root)).build(program)

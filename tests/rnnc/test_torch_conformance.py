@@ -265,10 +265,4 @@ def test_vmap_over_vector_jacobian_products(impl):
     for i in range(3):
         torch.testing.assert_close(got[i], vjp(cotangents[i])[0])
 
-
-def test_double_backward_is_refused_not_silently_zero():
-    m = rt.RNN("GRU", 3, 4, dtype=F64)
-    x = torch.randn(5, 2, 3, dtype=F64, requires_grad=True)
-    (gx,) = torch.autograd.grad(m(x)[0].pow(2).sum(), x, create_graph=True)
-    with pytest.raises(rnnc.RnncError, match="double backward"):
-        gx.sum().backward()
+# Double backward (gradgradcheck) and torch.compile: test_torch_higher_order.py.
