@@ -97,9 +97,11 @@ def _is_projection(g: Graph, nid: int) -> bool:
 
 def _absorbed(g: Graph, nid: int) -> bool:
     """An add whose only use is one operand of another add: part of that add's sum."""
+    if g.node(nid).op is not ops.add or nid in g.outputs.values():
+        return False
     users = g.users(nid)
-    return (g.node(nid).op is ops.add and nid not in g.outputs.values() and len(users) == 1
-            and g.node(users[0]).op is ops.add and g.node(users[0]).inputs.count(nid) == 1)
+    return (len(users) == 1 and g.node(users[0]).op is ops.add
+            and g.node(users[0]).inputs.count(nid) == 1)
 
 
 def _tree(g: Graph, root: int) -> tuple | int:
@@ -199,6 +201,7 @@ class _Rewriter:
         self.seen: dict[tuple, int] = {}
         self.work: list[int] = []
         self.queued: set[int] = set()
+        self.top = max(g.nx.nodes, default=-1)  # the largest node id so far
 
     def push(self, nid: int) -> None:
         if nid not in self.queued:
@@ -232,16 +235,26 @@ class _Rewriter:
                     and _cse_key(g.node(other)) == key:
                 return other
             self.seen[key] = node.id
-        before = set(g.nx.nodes)
         for rule in RULES:
             if rule.op is None or rule.op is node.op:
+                size, top = len(g), self.top
                 new = rule.rewrite(g, node)
+                made = self._made(size, top)
                 if new is not None and new != node.id:
-                    for made in sorted(set(g.nx.nodes) - before):
-                        self.push(made)
+                    for nid in made:
+                        self.push(nid)
                     return new
-                self._drop_dead(sorted(set(g.nx.nodes) - before))
+                self._drop_dead(made)
         return None
+
+    def _made(self, size: int, top: int) -> list[int]:
+        """The nodes a rule added: node ids only grow, so those above the old largest."""
+        g = self.g
+        if len(g) == size:  # nothing added (rules never delete)
+            return []
+        made = sorted(n for n in g.nx.nodes if n > top)
+        self.top = max(self.top, made[-1]) if made else self.top
+        return made
 
     def replace(self, old: int, new: int) -> None:
         g = self.g

@@ -85,13 +85,14 @@ class Graph:
         self._args: dict[str, int] | None = None
 
     def _edited(self) -> None:
-        """Forget the cached analyses: every structural edit goes through here."""
+        """Forget the cached order: every structural edit goes through here."""
         self._order = None
-        self._args = None
 
     # -- construction
     def _insert(self, node: Node) -> int:
         self._edited()
+        if node.op is ARG and self._args is not None:
+            self._args[node.attrs["name"]] = node.id
         self.nx.add_node(node.id, node=node)
         for pos, src in enumerate(node.inputs):
             self.nx.add_edge(src, node.id, key=pos)
@@ -99,7 +100,7 @@ class Graph:
 
     def arg(self, name: str, shape: Shape, role: str, origin: str = "dsl") -> int:
         """Add an input read from the environment under ``name``."""
-        if name in self.args():
+        if name in self._arg_index():
             raise RnncValueError(f"graph already has an input named {name!r}")
         node = Node(next(self._ids), ARG, (), {"name": name, "role": role},
                     Type(self.dtype, tuple(shape)), origin)
@@ -143,11 +144,16 @@ class Graph:
             self._order = list(nx.lexicographical_topological_sort(self.nx))
         return list(self._order)
 
-    def args(self) -> dict[str, int]:
+    def _arg_index(self) -> dict[str, int]:
+        """Input name -> node, kept up to date by ``_insert`` and ``remove``."""
         if self._args is None:
             self._args = {self.node(n).attrs["name"]: n for n in sorted(self.nx.nodes)
                           if self.node(n).op is ARG}
-        return dict(self._args)
+        return self._args
+
+    def args(self) -> dict[str, int]:
+        """Input name -> node, in node order."""
+        return dict(sorted(self._arg_index().items(), key=lambda item: item[1]))
 
     def users(self, nid: int) -> list[int]:
         return sorted({v for _, v in self.nx.out_edges(nid)})
@@ -192,13 +198,19 @@ class Graph:
 
     def remove(self, nid: int) -> None:
         self._edited()
+        if self.node(nid).op is ARG and self._args is not None:
+            self._args.pop(self.node(nid).attrs["name"], None)
         self.nx.remove_node(nid)
 
     def dead_code(self, keep_args: bool = True) -> set[int]:
         """Nodes that no output needs."""
-        live: set[int] = set()
-        for o in self.outputs.values():
-            live |= self.ancestors(o) | {o}
+        live: set[int] = set(self.outputs.values())
+        stack = list(live)
+        while stack:  # one walk up from every output at once
+            for src in self.node(stack.pop()).inputs:
+                if src not in live:
+                    live.add(src)
+                    stack.append(src)
         return {n for n in self.nx.nodes
                 if n not in live and not (keep_args and self.node(n).op is ARG)}
 
