@@ -26,7 +26,6 @@ def register(name: str) -> Callable[[Pass], Pass]:
     """Register a pass under its kebab-case ``name``."""
     def deco(fn: Pass) -> Pass:
         assert name not in PASSES, name
-        fn.pass_name = name  # type: ignore[attr-defined]
         PASSES[name] = fn
         return fn
     return deco

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 from rnnc import ops
 from rnnc.ir import ARG, FUSED, GET, Graph, Program
@@ -69,8 +69,3 @@ def per_step(shape: tuple) -> bool:
 def constant_value(g: Graph, nid: int) -> float | None:
     node = g.node(nid)
     return float(node.attrs["value"]) if node.op is ops.constant else None
-
-
-def ordered(items: Mapping[str, object], order: Iterable[str]) -> list[str]:
-    """The keys of ``items`` in the order of ``order``."""
-    return [n for n in order if n in items]

@@ -41,10 +41,6 @@ class Op:
     def __repr__(self) -> str:
         return f"Op({self.name})"
 
-    @property
-    def elementwise(self) -> bool:
-        return self.kind == "elementwise"
-
 
 REGISTRY: dict[str, Op] = {}
 

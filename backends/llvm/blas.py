@@ -43,7 +43,6 @@ __all__ = [
     "Blas",
     "available",
     "call_gemm_ctypes",
-    "call_sgemm_ctypes",
     "choose",
     "emit_gemm_call",
     "gemm_function_type",
@@ -311,8 +310,6 @@ def call_gemm_ctypes(
         ref(scalars[1]), c.ctypes.data, ref(ints[5]),
     )  # fmt: skip
 
-
-call_sgemm_ctypes = call_gemm_ctypes
 
 _CHOICES: dict[str, str] = {}
 
