@@ -191,7 +191,7 @@ class Function:
         return ys, {s: res[final_name(s)] for s in self.states}
 
     def _empty(self, env, dtype, B):
-        ys = {n: np.zeros((0, B, self.cell.graph.node(self.cell.outputs[n]).shape[-1]),
+        ys = {n: np.zeros((0, B, self._output_sizes[n]),
                           NP[dtype]) for n in self.outputs}
         return ys, {s: env[s].copy() for s in self.states}
 
@@ -228,7 +228,7 @@ class Function:
         if tape.owner is not self:
             raise RnncValueError("this tape was recorded by another compiled function")
         dtype, T, B = tape.dtype, tape.T, tape.B
-        out_shapes = {n: ("T", "B", self.cell.graph.node(self.cell.outputs[n]).shape[-1])
+        out_shapes = {n: ("T", "B", self._output_sizes[n])
                       for n in self.outputs}
         d_out = _cotangents("output gradient", out_shapes, d_outputs, dtype, T, B)
         d_st = _cotangents("state gradient", self.states, d_states, dtype, T, B)
@@ -274,7 +274,7 @@ class Function:
         if not isinstance(tape, Tape) or tape.owner is not self:
             raise RnncValueError("double_backward() takes a tape from this function's forward()")
         dtype, T, B = tape.dtype, tape.T, tape.B
-        outs = {n: ("T", "B", self.cell.graph.node(self.cell.outputs[n]).shape[-1])
+        outs = {n: ("T", "B", self._output_sizes[n])
                 for n in self.outputs}
         d_out = _cotangents("output gradient", outs, d_outputs, dtype, T, B)
         d_st = _cotangents("state gradient", self.states, d_states, dtype, T, B)

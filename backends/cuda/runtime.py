@@ -26,6 +26,7 @@ does.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,16 @@ from rnnc.ir import ARG, GET, Graph, Program
 
 NP_DTYPES = {"f32": np.float32, "f64": np.float64}
 MAX_BLOCKS = 8192  # grid-stride loops cover the rest; enough blocks to fill any current GPU
+
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One graph as the host runs it: (node, kind, payload) in order, and its outputs."""
+
+    items: tuple[tuple[int, str, Any], ...]
+    outputs: tuple[tuple[str, int], ...]
+
 
 UNAVAILABLE = ("backend 'cuda' needs CuPy and an NVIDIA GPU: {why}. Pass emulate=True "
                "(rnnc.compile(cell, backend='cuda', emulate=True)) to run the same host code "
@@ -138,6 +149,26 @@ class Runner:
                           for g in program.graphs() for node in g.nodes()
                           if node.op is ops.constant}
         self._kept: dict[tuple[int, int], dict[str, Any]] = {}
+        # Each graph's steps in order, built once here: nothing walks the IR during a call.
+        self.schedules = {name: self._schedule(g, module.steps[name]) for name, g in
+                          (("pre", program.pre), ("body", program.scan.body),
+                           ("post", program.post))}
+
+    def _schedule(self, g: Graph, steps: list[Launch | Gemm]) -> Schedule:
+        """``g`` as a flat list of (node, kind, payload), plus its outputs by name."""
+        steps_by_node = {s.node: s for s in steps}
+        items: list[tuple[int, str, Any]] = []
+        for node in g.nodes():
+            if node.op is ARG:
+                items.append((node.id, "arg", node.attrs["name"]))
+            elif node.op is GET:
+                items.append((node.id, "get", (node.inputs[0], node.attrs["index"])))
+            elif node.id in self.constants:
+                items.append((node.id, "constant", self.constants[node.id]))
+            else:
+                step = steps_by_node[node.id]
+                items.append((node.id, "gemm" if isinstance(step, Gemm) else "launch", step))
+        return Schedule(tuple(items), tuple(g.outputs.items()))
 
     # -- the API's entry point
     def __call__(self, env: Mapping[str, np.ndarray], dims: Mapping[str, int]
@@ -228,38 +259,38 @@ class Runner:
         def once(key: tuple[int, int], shape: tuple) -> Any:
             return buffers.empty(resolve(shape, dims))
 
-        env.update(self.run_graph(p.pre, self.module.steps["pre"], env, dims, once))
+        env.update(self.run_graph(self.schedules["pre"], env, dims, once))
         env.update(self.run_scan(env, dims, buffers))
-        env.update(self.run_graph(p.post, self.module.steps["post"], env, dims, once))
+        env.update(self.run_graph(self.schedules["post"], env, dims, once))
         return {name: env[name] for name in p.results}
 
-    def run_graph(self, g: Graph, steps: list[Launch | Gemm], env: Mapping[str, Any],
-                  dims: Mapping[str, int], destination: Callable[[tuple[int, int], tuple], Any]
-                  ) -> dict[str, Any]:
-        """Run one graph's steps; ``destination((node, index), shape)`` gives result arrays."""
+    def run_graph(self, schedule: Schedule, env: Mapping[str, Any], dims: Mapping[str, int],
+                  destination: Callable[[tuple[int, int], tuple], Any]) -> dict[str, Any]:
+        """Run one graph's schedule; ``destination((node, index), shape)`` gives result
+        arrays."""
         vals: dict[int, Any] = {}
-        steps_by_node = {s.node: s for s in steps}
         size_args = (np.int64(dims["T"]), np.int64(dims["B"]))
-        for node in g.nodes():
-            if node.op is ARG:
-                vals[node.id] = env[node.attrs["name"]]
-            elif node.op is GET:
-                vals[node.id] = vals[node.inputs[0]][node.attrs["index"]]
-            elif node.id in self.constants:
-                vals[node.id] = self.constants[node.id]
-            elif isinstance(step := steps_by_node[node.id], Gemm):
-                out = destination((node.id, 0), step.shape)
-                self.gemm(vals[step.a], vals[step.b], out, step.transpose_a, step.transpose_b)
-                vals[node.id] = out
+        for nid, kind, payload in schedule.items:
+            if kind == "arg":
+                vals[nid] = env[payload]
+            elif kind == "get":
+                vals[nid] = vals[payload[0]][payload[1]]
+            elif kind == "constant":
+                vals[nid] = payload
+            elif kind == "gemm":
+                out = destination((nid, 0), payload.shape)
+                self.gemm(vals[payload.a], vals[payload.b], out, payload.transpose_a,
+                          payload.transpose_b)
+                vals[nid] = out
             else:
-                outs = [destination((node.id, k), shape) for k, shape in enumerate(step.shapes)]
+                outs = [destination((nid, k), shape) for k, shape in enumerate(payload.shapes)]
                 total = max(int(np.prod(o.shape)) for o in outs)
                 if total:
                     grid = min((total + BLOCK - 1) // BLOCK, MAX_BLOCKS)
-                    args = tuple(vals[i] for i in step.inputs) + tuple(outs) + size_args
-                    self.kernels[step.kernel]((grid,), (BLOCK,), args)
-                vals[node.id] = tuple(outs) if step.fused else outs[0]
-        return {name: vals[o] for name, o in g.outputs.items()}
+                    args = tuple(vals[i] for i in payload.inputs) + tuple(outs) + size_args
+                    self.kernels[payload.kernel]((grid,), (BLOCK,), args)
+                vals[nid] = tuple(outs) if payload.fused else outs[0]
+        return {name: vals[o] for name, o in schedule.outputs}
 
     def gemm(self, a: Any, b: Any, out: Any, transpose_a: bool, transpose_b: bool) -> None:
         """``out = a @ b`` on 2-D views; transpose_a contracts every leading axis of a and b."""
@@ -302,6 +333,9 @@ class Runner:
         copied = {c.name: (buffers.empty(resolve(body.node(body.outputs[c.name]).shape, dims)),
                            buffers.empty(resolve(body.node(body.outputs[c.name]).shape, dims)))
                   for c in scan.carries if source(body.outputs[c.name]) not in made}
+        stacked_in_place = {name: into_stack.get(source(body.outputs[name])) == name
+                            for name in scan.stacked}
+        schedule = self.schedules["body"]
         local = {name: env[name] for name in scan.consts}
         carry = {c.name: env[c.init] for c in scan.carries}
         times = range(T - 1, -1, -1) if scan.reverse else range(T)
@@ -315,9 +349,9 @@ class Runner:
                     return out[into_stack[key]][t]
                 return pairs[key][step % 2]
 
-            results = self.run_graph(body, steps, local, dims, destination)
+            results = self.run_graph(schedule, local, dims, destination)
             for name in scan.stacked:
-                if into_stack.get(source(body.outputs[name])) != name:
+                if not stacked_in_place[name]:
                     xp.copyto(out[name][t], results[name])
             for name in scan.summed:
                 xp.add(out[name], results[name], out=out[name])

@@ -1,0 +1,46 @@
+"""Nothing walks the IR while a compiled function runs: schedules are built at compile time.
+
+A call is profiled and every function entered inside networkx (the IR's graph store) is
+counted. The NumPy and LLVM run paths enter none; the CUDA host (in emulation) enters a fixed
+number per call for its buffer plan, and none per time step.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+
+import numpy as np
+import pytest
+
+import rnnc
+
+
+def _networkx_calls(fn: rnnc.Function, T: int) -> int:
+    cell = fn.cell
+    p = cell.init_params(seed=0)
+    x = np.random.default_rng(0).standard_normal((T, 2, 3)).astype(np.float32)
+    fn(x, p, lengths=np.full(2, T))  # compile and warm up outside the profile
+    _, _, tape = fn.forward(x, p)
+    fn.backward(tape, d_outputs={"y": np.ones((T, 2, 4), np.float32)})
+    profile = cProfile.Profile()
+    profile.enable()
+    fn(x, p, lengths=np.full(2, T))
+    _, _, tape = fn.forward(x, p)
+    fn.backward(tape, d_outputs={"y": np.ones((T, 2, 4), np.float32)})
+    profile.disable()
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    return sum(calls for (path, _, _), (calls, *_) in stats.items() if "networkx" in path)
+
+
+@pytest.mark.parametrize("backend", [{"backend": "numpy"}, {"backend": "llvm"},
+                                     {"backend": "numpy", "optimize": False}],
+                         ids=["numpy", "llvm", "oracle"])
+def test_run_path_never_touches_the_graph(backend: dict) -> None:
+    fn = rnnc.compile(rnnc.cells.lstm(3, 4), **backend)
+    assert _networkx_calls(fn, T=5) == 0
+
+
+def test_cuda_host_does_no_graph_work_per_step() -> None:
+    fn = rnnc.compile(rnnc.cells.gru(3, 4), backend="cuda", emulate=True)
+    assert _networkx_calls(fn, T=3) == _networkx_calls(fn, T=12)
