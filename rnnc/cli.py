@@ -274,6 +274,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = " ".join(str(err).split("\n"))
         sys.stderr.write(f"rnnc {args.command}: error: {message}\n")
         return 2
+    except BrokenPipeError:
+        # The reader went away (`rnnc dump ... | head`): stop quietly, as other tools do. Point
+        # stdout at /dev/null so that the interpreter's final flush cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

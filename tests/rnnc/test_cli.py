@@ -238,3 +238,18 @@ def test_dump_cell_file_that_fails_to_import_is_one_line(tmp_path, source, fragm
 def test_bench_bad_threads_names_the_option():
     assert_one_line_error(rnnc_cli("bench", "--threads", "-1"),
                           "--threads must be a positive integer, got -1")
+
+
+def test_dump_into_a_closed_pipe_stops_quietly(tmp_path) -> None:
+    # `rnnc dump ... | head`: the reader is gone before the listing is written.
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, RNNC_CACHE_DIR=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-m", "rnnc.cli", "dump", "lstm", "--after", "all"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(120) == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
