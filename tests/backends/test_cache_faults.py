@@ -482,6 +482,19 @@ def _fork_program():
     return rnnc.compile(rnnc.cells.lstm(16, 32)).program()
 
 
+def _fork_and_wait(target, *args) -> tuple[multiprocessing.Process, bool]:
+    """Fork a child running ``target(*args)``; wait up to 120 s, killing it if still alive.
+    Returns the child and whether it was still alive (blocked)."""
+    child = multiprocessing.get_context("fork").Process(target=target, args=args)
+    child.start()
+    child.join(120)
+    alive = child.is_alive()
+    if alive:
+        child.kill()
+        child.join()
+    return child, alive
+
+
 def _fork_child(root: str) -> None:
     runner = LlvmBackend(cache_dir=Path(root)).build(_fork_program())
     env = {name: np.full(shape, 0.1, np.float32) for name, shape in
@@ -517,14 +530,7 @@ def test_fork_while_another_thread_compiles(tmp_path: Path, monkeypatch, where: 
         assert compiling.wait(120)
         if where == "inside an LLVM call":
             time.sleep(0.2)  # into the optimization passes
-        child = multiprocessing.get_context("fork").Process(target=_fork_child,
-                                                             args=(str(root),))
-        child.start()
-        child.join(120)
-        alive = child.is_alive()
-        if alive:
-            child.kill()
-            child.join()
+        child, alive = _fork_and_wait(_fork_child, str(root))
     finally:
         release.set()
         builder.join(120)
@@ -566,13 +572,7 @@ def test_fork_while_the_same_function_compiles(monkeypatch) -> None:
     caller.start()
     try:
         assert compiling.wait(120)
-        child = multiprocessing.get_context("fork").Process(target=_shared_function_child)
-        child.start()
-        child.join(120)
-        alive = child.is_alive()
-        if alive:
-            child.kill()
-            child.join()
+        child, alive = _fork_and_wait(_shared_function_child)
     finally:
         release.set()
         caller.join(120)
