@@ -29,7 +29,7 @@ ORIGIN = "fuse-elementwise"
 
 
 def _fusible(node) -> bool:
-    return node.op in ops.ELEMENTWISE or node.op.kind == "layout"
+    return node.op in ops.ELEMENTWISE or node.op.kind is ops.OpKind.LAYOUT
 
 
 def _regions(body: Graph) -> list[list[int]]:

@@ -74,7 +74,7 @@ def _hoist(p: Program) -> Program:
     # A layout op (slice, concat, ...) feeding only the loop stays there: fused with its users
     # it costs nothing, hoisted it would copy a whole sequence.
     for nid in reversed(movable):
-        if body.node(nid).op.kind == "layout" and nid not in body.outputs.values() \
+        if body.node(nid).op.kind is ops.OpKind.LAYOUT and nid not in body.outputs.values() \
                 and all(u not in moved for u in body.users(nid)):
             moved.discard(nid)
     movable = [n for n in movable if n in moved]

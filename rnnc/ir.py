@@ -46,7 +46,7 @@ class TupleType:
 
 
 def _structural(name: str) -> Op:
-    return Op(name, "structural", None, lambda *a, **k: None, lambda *a, **k: None)
+    return Op(name, ops.OpKind.STRUCTURAL, None, lambda *a, **k: None, lambda *a, **k: None)
 
 
 ARG = _structural("arg")  # a graph input, read from the environment by name
@@ -278,7 +278,7 @@ def verify(program: Program) -> None:
                 assert len(region.args()) == len(node.inputs), f"{where}: fused arity"
                 for nested in region.nodes():
                     assert nested.op in ops.ELEMENTWISE or nested.op in (ARG, ops.constant) \
-                        or nested.op.kind in ("layout", "reduce"), \
+                        or nested.op.kind in (ops.OpKind.LAYOUT, ops.OpKind.REDUCE), \
                         f"{where}: {nested.op.name} inside a fused region"
             elif node.op is GET:
                 assert isinstance(g.node(node.inputs[0]).type, TupleType)

@@ -1,0 +1,276 @@
+"""The rules behind the primitives of ``rnnc.ops``: shape rules, layout index rules, NumPy
+references and VJP rules. ``rnnc.ops`` declares each op once from these.
+
+A VJP rule receives an emitter ``e`` (``e(op, *inputs, **attrs) -> value``), the cotangent ``g``
+of the result, the op's inputs ``xs``, its result ``y`` and its attributes; it returns one
+cotangent (or None for "no gradient") per input, at the shape of the result. The autodiff
+transform reduces broadcast cotangents back to the input's shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from rnnc import ops
+from rnnc.errors import ShapeError
+
+Shape = tuple[Any, ...]
+
+
+# ---------------------------------------------------------------- shape rules
+
+
+def broadcast_shapes(*shapes: Shape) -> Shape:
+    """NumPy broadcasting over symbolic dims; a symbol only matches itself or 1."""
+    rank = max(len(s) for s in shapes)
+    out = []
+    for axis in range(-rank, 0):
+        dims = {s[axis] for s in shapes if len(s) >= -axis} - {1}
+        if len(dims) > 1:
+            raise ShapeError(
+                "cannot broadcast shapes " + ", ".join(ops.fmt_shape(s) for s in shapes)
+                + f": axis {axis} has sizes {sorted(map(str, dims))}"
+            )
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)
+
+
+def elementwise_shape(*shapes: Shape, **_: Any) -> Shape:
+    return broadcast_shapes(*shapes)
+
+
+def matmul_shape(a: Shape, b: Shape, transpose_a: bool = False,
+                  transpose_b: bool = False) -> Shape:
+    if len(a) < 1 or len(b) < 1:
+        raise ShapeError(f"matmul needs arrays, got {ops.fmt_shape(a)} @ {ops.fmt_shape(b)}")
+    if transpose_a:
+        # Contract every leading axis: sum over rows of a[r, :]^T b[r, :].
+        if transpose_b or a[:-1] != b[:-1]:
+            raise ShapeError(f"matmul[transpose_a] needs equal leading axes, got "
+                             f"{ops.fmt_shape(a)}, {ops.fmt_shape(b)}")
+        return (a[-1], b[-1])
+    if len(b) != 2 or any(isinstance(d, str) for d in b):
+        raise ShapeError(f"matmul's right operand must be a matrix (k, n) without batch axes, "
+                         f"got {ops.fmt_shape(b)}")
+    k, n = (b[1], b[0]) if transpose_b else b
+    if a[-1] != k:
+        raise ShapeError(
+            f"matmul: inner sizes differ: {ops.fmt_shape(a)} @ "
+            f"{ops.fmt_shape(b)}{'^T' if transpose_b else ''} (expected left operand with {k} "
+            f"features, got {a[-1]})"
+        )
+    return a[:-1] + (n,)
+
+
+def concat_shape(*shapes: Shape) -> Shape:
+    if not shapes:
+        raise ShapeError("concat needs at least one operand")
+    lead = broadcast_shapes(*(s[:-1] + (1,) for s in shapes))[:-1]
+    for s in shapes:
+        if len(s) < 1 or s[:-1] != lead:
+            raise ShapeError("concat needs equal leading axes, got "
+                             + ", ".join(ops.fmt_shape(s) for s in shapes))
+    return lead + (sum(s[-1] for s in shapes),)
+
+
+def slice_shape(a: Shape, start: int, stop: int) -> Shape:
+    if len(a) < 1 or not (0 <= start < stop <= a[-1]):
+        raise ShapeError(f"slice [{start}:{stop}] out of range for {ops.fmt_shape(a)}")
+    return a[:-1] + (stop - start,)
+
+
+def pad_shape(a: Shape, before: int, after: int) -> Shape:
+    return a[:-1] + (a[-1] + before + after,)
+
+
+def reduce_shape(a: Shape) -> Shape:
+    if len(a) < 1:
+        raise ShapeError(f"reduction over features needs an array, got {ops.fmt_shape(a)}")
+    return a[:-1] + (1,)
+
+
+def expand_shape(a: Shape, size: int) -> Shape:
+    if len(a) < 1 or a[-1] != 1:
+        raise ShapeError(f"expand needs a last axis of 1, got {ops.fmt_shape(a)}")
+    return a[:-1] + (size,)
+
+
+def sum_rows_shape(a: Shape) -> Shape:
+    return a[-1:]
+
+
+def constant_shape(value: float) -> Shape:  # a Python scalar
+    return ()
+
+
+# ---------------------------------------------------------------- layout index rules
+
+
+def concat_pieces(*widths: int) -> tuple[ops.Piece, ...]:
+    out, start = [], 0
+    for k, n in enumerate(widths):
+        out.append(ops.Piece(start, start + n, k, 1, -start))
+        start += n
+    return tuple(out)
+
+
+def slice_pieces(width: int, start: int, stop: int) -> tuple[ops.Piece, ...]:
+    return (ops.Piece(0, stop - start, 0, 1, start),)
+
+
+def pad_pieces(width: int, before: int, after: int) -> tuple[ops.Piece, ...]:
+    middle = (ops.Piece(before, before + width, 0, 1, -before),)
+    head = (ops.Piece(0, before, None),) if before else ()
+    tail = (ops.Piece(before + width, before + width + after, None),) if after else ()
+    return head + middle + tail
+
+
+def expand_pieces(width: int, size: int) -> tuple[ops.Piece, ...]:
+    return (ops.Piece(0, size, 0, 0, 0),)
+
+
+# ---------------------------------------------------------------- references
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    # Split on sign so exp never overflows; the result is exact at saturation.
+    with np.errstate(over="ignore"):
+        z = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + z), z / (1 + z)).astype(x.dtype, copy=False)
+
+
+def matmul_ref(a, b, transpose_a=False, transpose_b=False):
+    if transpose_a:
+        return a.reshape(-1, a.shape[-1]).T @ b.reshape(-1, b.shape[-1])
+    return a @ (b.T if transpose_b else b)
+
+
+def concat_ref(*xs):
+    # Broadcast the leading (row) axes only: the feature sizes differ by design.
+    lead = np.broadcast_shapes(*(x.shape[:-1] for x in xs))
+    return np.concatenate([np.broadcast_to(x, lead + x.shape[-1:]) for x in xs], axis=-1)
+
+
+def where_ref(c, a, b):
+    return np.where(c > 0, a, b)
+
+
+def constant_ref(value: float, dtype=np.float64):
+    return np.asarray(value, dtype=dtype)
+
+
+# ---------------------------------------------------------------- vjp rules
+
+
+def const(e, value: float):
+    return e(ops.constant, value=value)
+
+
+def vjp_add(e, g, xs, y):
+    return g, g
+
+
+def vjp_sub(e, g, xs, y):
+    return g, e(ops.neg, g)
+
+
+def vjp_mul(e, g, xs, y):
+    a, b = xs
+    return e(ops.mul, g, b), e(ops.mul, g, a)
+
+
+def vjp_div(e, g, xs, y):
+    a, b = xs
+    ga = e(ops.div, g, b)
+    return ga, e(ops.neg, e(ops.mul, ga, y))
+
+
+def vjp_neg(e, g, xs, y):
+    return (e(ops.neg, g),)
+
+
+def vjp_exp(e, g, xs, y):
+    return (e(ops.mul, g, y),)
+
+
+def vjp_log(e, g, xs, y):
+    return (e(ops.div, g, xs[0]),)
+
+
+def vjp_tanh(e, g, xs, y):
+    return (e(ops.mul, g, e(ops.sub, const(e, 1.0), e(ops.mul, y, y))),)
+
+
+def vjp_sigmoid(e, g, xs, y):
+    return (e(ops.mul, g, e(ops.mul, y, e(ops.sub, const(e, 1.0), y))),)
+
+
+def vjp_relu(e, g, xs, y):
+    return (e(ops.where, xs[0], g, const(e, 0.0)),)
+
+
+def vjp_sqrt(e, g, xs, y):
+    return (e(ops.div, e(ops.mul, g, const(e, 0.5)), y),)
+
+
+def vjp_rsqrt(e, g, xs, y):
+    return (e(ops.mul, g, e(ops.mul, const(e, -0.5), e(ops.mul, y, e(ops.mul, y, y)))),)
+
+
+def vjp_where(e, g, xs, y):
+    c = xs[0]
+    zero = const(e, 0.0)
+    return None, e(ops.where, c, g, zero), e(ops.where, c, zero, g)
+
+
+def vjp_matmul(e, g, xs, y, transpose_a=False, transpose_b=False):
+    a, b = xs
+    if transpose_a:
+        # y = sum_r a_r^T b_r: the cotangents are per row again.
+        return e(ops.matmul, b, g, transpose_b=True), e(ops.matmul, a, g)
+    if transpose_b:
+        return e(ops.matmul, g, b), e(ops.matmul, g, a, transpose_a=True)
+    return e(ops.matmul, g, b, transpose_b=True), e(ops.matmul, a, g, transpose_a=True)
+
+
+def vjp_concat(e, g, xs, y):
+    grads, start = [], 0
+    for x in xs:
+        n = e.shape(x)[-1]
+        grads.append(e(ops.slice_, g, start=start, stop=start + n))
+        start += n
+    return tuple(grads)
+
+
+def vjp_slice(e, g, xs, y, start, stop):
+    n = e.shape(xs[0])[-1]
+    return (e(ops.pad, g, before=start, after=n - stop),)
+
+
+def vjp_pad(e, g, xs, y, before, after):
+    n = e.shape(xs[0])[-1]
+    return (e(ops.slice_, g, start=before, stop=before + n),)
+
+
+def vjp_sum(e, g, xs, y):
+    return (e(ops.expand, g, size=e.shape(xs[0])[-1]),)
+
+
+def vjp_mean(e, g, xs, y):
+    n = e.shape(xs[0])[-1]
+    return (e(ops.expand, e(ops.mul, g, const(e, 1.0 / n)), size=n),)
+
+
+def vjp_expand(e, g, xs, y, size):
+    return (e(ops.sum_, g),)
+
+
+def vjp_sum_rows(e, g, xs, y):
+    # Broadcast g over the rows of x; where() broadcasts without reading x's values.
+    return (e(ops.where, const(e, 1.0), g, xs[0]),)
+
+
+def vjp_constant(e, g, xs, y, value):
+    return ()
