@@ -1,15 +1,43 @@
-"""Backends: each turns an optimized program into a callable over arrays."""
+"""Backends: each turns an optimized program into a callable over arrays.
+
+A backend is any object with the :class:`Backend` protocol: a ``name`` and ``build(program)``,
+which returns a :class:`Runner`, called once per sequence as ``runner(env, dims)`` with the
+named arrays and the sizes of the symbols ``T`` and ``B``. A backend's options are its
+constructor's keyword arguments (``get(name, **options)``).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
 
 from rnnc.errors import BackendUnavailable, RnncValueError
+from rnnc.ir import Program
 
 NAMES = ("numpy", "llvm", "cuda")
 
 
-def get(name: str, **options: Any):
+class Runner(Protocol):
+    """One built program: the program's results by name for the arrays ``env``."""
+
+    def __call__(self, env: Mapping[str, np.ndarray], dims: Mapping[str, int]
+                 ) -> dict[str, np.ndarray]: ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the API calls on a backend object."""
+
+    name: str
+
+    def build(self, program: Program) -> Runner:
+        """A runner for ``program``, built once per program."""
+        ...
+
+
+def get(name: str, **options: Any) -> Backend:
     """The backend object called ``name``; raise RnncError if it is unknown or unavailable."""
     if name == "numpy":
         from rnnc.backends.numpy.runtime import NumpyBackend

@@ -5,7 +5,8 @@ computed, and returns a C expression for that element. ``site.at(i)`` is operand
 same element (after broadcasting), ``site.at(i, col=...)`` at another column, and
 ``site.loop(count, term)`` accumulates ``term(k)`` over ``k < count`` (reductions). Operands are
 emitted as named temporaries before the expression that uses them, so evaluation order is the
-rule's reading order.
+rule's reading order. Every layout op has the same rule, :func:`layout_rule`, which reads the
+op's index rule (``Op.pieces``): a new layout op needs nothing here.
 
 The renderers follow tinygrad's ``cstyle``: :class:`CStyleRenderer` knows C (types, literals,
 math function names, small helper functions) and :class:`CudaRenderer` overrides only what
@@ -138,36 +139,50 @@ def _where(s: Site) -> str:
     return f"({s.at(0)} > {s.r.zero} ? {s.at(1)} : {s.at(2)})"
 
 
-def _shift(col: str, offset: int) -> str:
-    return col if offset == 0 else f"({col} - {offset})"
+def _column(piece: ops.Piece, col: str) -> str:
+    """The operand column ``scale * col + offset`` that column ``col`` of a piece reads, as C."""
+    if piece.scale == 0:
+        return str(piece.offset)
+    scaled = col if piece.scale == 1 else f"{piece.scale} * {col}"
+    if piece.offset == 0:
+        return scaled
+    sign = "+" if piece.offset > 0 else "-"
+    return f"({scaled} {sign} {abs(piece.offset)})"
 
 
-def _clamped(col: str, offset: int, width: int) -> str:
-    # Both branches of a select are computed, so every read stays inside its operand.
-    return f"rnnc_clamp({_shift(col, offset)}, 0LL, {width - 1}LL)"
+def _in_bounds(piece: ops.Piece, columns: int, width: int) -> bool:
+    """Whether the piece's read stays inside the operand at every column of the result."""
+    reads = (piece.column(0), piece.column(columns - 1))
+    return 0 <= min(reads) and max(reads) < width
 
 
-def _slice(s: Site) -> str:
-    start = s.attrs["start"]
-    return s.at(0, col=s.col if start == 0 else f"({s.col} + {start})")
+def layout_rule(op: ops.Op) -> Callable[[Site], str]:
+    """The rule of a layout op, read from its pieces: select the piece holding ``col``.
 
+    Every piece's operand element is computed whichever piece is selected (as a temporary
+    before the select), so a read that could leave its operand at some column is clamped."""
 
-def _pad(s: Site) -> str:
-    before, n = s.attrs["before"], s.width(0)
-    inside = s.at(0, col=_clamped(s.col, before, n))
-    return f"(({s.col} >= {before} && {s.col} < {before + n}) ? {inside} : {s.r.zero})"
+    def rule(s: Site) -> str:
+        widths = [s.width(i) for i in range(s.arity)]
+        pieces = op.pieces(*widths, **s.attrs)
+        columns = pieces[-1].stop
+        values = []
+        for piece in pieces:
+            if piece.operand is None:
+                values.append(s.r.zero)
+                continue
+            width = widths[piece.operand]
+            column = _column(piece, s.col)
+            if not _in_bounds(piece, columns, width):
+                column = f"rnnc_clamp({column}, 0LL, {width - 1}LL)"
+            values.append(s.at(piece.operand, col=column))
+        expr = values[-1]
+        # col < stop_0 ? v_0 : col < stop_1 ? v_1 : ... v_last
+        for piece, value in zip(reversed(pieces[:-1]), reversed(values[:-1]), strict=True):
+            expr = f"({s.col} < {piece.stop} ? {value} : {expr})"
+        return expr
 
-
-def _concat(s: Site) -> str:
-    pieces, offset = [], 0
-    for i in range(s.arity):
-        pieces.append((offset + s.width(i), s.at(i, col=_clamped(s.col, offset, s.width(i)))))
-        offset += s.width(i)
-    expr = pieces[-1][1]
-    # Select the piece whose column range holds col: col < stop_0 ? v_0 : col < stop_1 ? ...
-    for stop, value in reversed(pieces[:-1]):
-        expr = f"({s.col} < {stop} ? {value} : {expr})"
-    return expr
+    return rule
 
 
 def _sum(s: Site) -> str:
@@ -208,12 +223,9 @@ RULES: dict[ops.Op, Callable[[Site], str]] = {
     ops.rsqrt: lambda s: f"({s.r.one} / {s.r.call('sqrt', s.at(0))})",
     ops.where: _where,
     ops.matmul: _matmul,
-    ops.concat: _concat,
-    ops.slice_: _slice,
-    ops.pad: _pad,
     ops.sum_: _sum,
     ops.mean: _mean,
-    ops.expand: lambda s: s.at(0, col="0"),
     ops.sum_rows: _sum_rows,
     ops.constant: lambda s: s.r.literal(s.attrs["value"]),
+    **{op: layout_rule(op) for op in ops.PRIMITIVES if op.kind is ops.OpKind.LAYOUT},
 }

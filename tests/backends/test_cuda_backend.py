@@ -19,6 +19,7 @@ from rnnc import ops
 from rnnc.backends.cuda import codegen
 from rnnc.backends.cuda.runtime import CudaBackend
 from rnnc.backends.numpy.runtime import run_program
+from rnnc.backends.schedule import NUMPY_DTYPES
 from rnnc.composites import layer_norm
 from rnnc.errors import BackendUnavailable, RnncValueError
 from rnnc.ir import Carry, Graph, Program, Scan, Type, verify
@@ -26,7 +27,6 @@ from rnnc.ir import Carry, Graph, Program, Scan, Type, verify
 I, H, T, B = 3, 4, 5, 3
 TOLERANCE = {"f32": dict(rtol=1e-5, atol=1e-6), "f64": dict(rtol=1e-10, atol=1e-12)}
 GRAD_TOLERANCE = {"f32": dict(rtol=1e-4, atol=1e-5), "f64": dict(rtol=1e-9, atol=1e-11)}
-NP = {"f32": np.float32, "f64": np.float64}
 
 
 def gpu_reason() -> str | None:
@@ -80,9 +80,10 @@ CELLS = {
 
 def inputs(cell: rnnc.Cell, dtype: str, seed: int = 0):
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((T, B, I)).astype(NP[dtype])
-    params = cell.init_params(seed, dtype=NP[dtype])
-    states = {s: rng.standard_normal((B, H)).astype(NP[dtype]) for s in cell.sizes("state")}
+    x = rng.standard_normal((T, B, I)).astype(NUMPY_DTYPES[dtype])
+    params = cell.init_params(seed, dtype=NUMPY_DTYPES[dtype])
+    states = {s: rng.standard_normal((B, H)).astype(NUMPY_DTYPES[dtype])
+              for s in cell.sizes("state")}
     return x, params, states
 
 
@@ -106,7 +107,7 @@ def test_inference_matches_numpy(name: str, dtype: str, emulate: bool) -> None:
         ys_ref, finals_ref = ref(x, params, **kwargs)
         assert_close(ys, ys_ref, TOLERANCE[dtype])
         assert_close(finals, finals_ref, TOLERANCE[dtype])
-        assert ys["y"].dtype == NP[dtype] and isinstance(ys["y"], np.ndarray)
+        assert ys["y"].dtype == NUMPY_DTYPES[dtype] and isinstance(ys["y"], np.ndarray)
 
 
 @pytest.mark.parametrize("emulate", EMULATE)
@@ -118,8 +119,8 @@ def test_gradients_match_numpy(name: str, dtype: str, emulate: bool) -> None:
     ref = rnnc.compile(cell, optimize=False)
     x, params, states = inputs(cell, dtype)
     rng = np.random.default_rng(1)
-    dy = rng.standard_normal((T, B, H)).astype(NP[dtype])
-    d_states = {s: rng.standard_normal((B, H)).astype(NP[dtype]) for s in states}
+    dy = rng.standard_normal((T, B, H)).astype(NUMPY_DTYPES[dtype])
+    d_states = {s: rng.standard_normal((B, H)).astype(NUMPY_DTYPES[dtype]) for s in states}
     for kwargs in ({"states": states}, {"states": states, "lengths": np.array([T, 2, 1])}):
         results = []
         for f in (fn, ref):
@@ -151,12 +152,12 @@ def fuse_body(program: Program) -> Program:
                              default=0)
     groups: dict[int, list[int]] = {}
     for node in body.nodes():
-        if node.op.kind in codegen.LAYOUT_KINDS or node.op is ops.constant:
+        if node.op.kind in codegen.KERNEL_KINDS or node.op is ops.constant:
             groups.setdefault(depth[node.id], []).append(node.id)
     outputs = set(body.outputs.values())
     for members in groups.values():
         inside = set(members)
-        if not any(body.node(m).op.kind in codegen.LAYOUT_KINDS for m in members):
+        if not any(body.node(m).op.kind in codegen.KERNEL_KINDS for m in members):
             continue
         region = Graph(body.dtype)
         operands: list[int] = []
@@ -221,7 +222,7 @@ def program_env(program: Program, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     dims = {"T": T, "B": B}
     return {name: rng.standard_normal(tuple(dims.get(d, d) for d in ty.shape))
-            .astype(NP[program.dtype]) for name, (_, ty) in program.args.items()}
+            .astype(NUMPY_DTYPES[program.dtype]) for name, (_, ty) in program.args.items()}
 
 
 @pytest.mark.parametrize("emulate", EMULATE)

@@ -1,0 +1,209 @@
+"""The host side of a CUDA run: the program's schedule over device arrays, step by step.
+
+Written against an array module ``xp`` (CuPy on a GPU, NumPy in emulation) and kernels with
+CuPy's ``RawKernel`` calling convention. Every graph walks its schedule
+(:mod:`rnnc.backends.schedule`); each step that does work has a :class:`~.codegen.Launch` or
+:class:`~.codegen.Gemm` from code generation. Where the loop body's results live is decided
+once per program (:class:`ScanPlan`): body values live in two buffers used on alternate steps,
+so a carried value read at step t+1 is never the buffer being written at step t+1, and a
+stacked output computed by a kernel or GEMM is written straight into its slot of the (T, ...)
+result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rnnc import ops
+from rnnc.backends.cuda.codegen import BLOCK, Gemm, Launch, Module
+from rnnc.backends.schedule import GraphSchedule, ProgramSchedule, resolve
+from rnnc.ir import ARG, GET, Shape
+
+MAX_BLOCKS = 8192  # grid-stride loops cover the rest; enough blocks to fill any current GPU
+
+Key = tuple[int, int]  # a result: (node, index)
+Destination = Callable[[Key, Shape], Any]
+
+
+class Buffers:
+    """Device arrays for one run; when ``keep`` is set, the same arrays on every run."""
+
+    def __init__(self, xp: Any, dtype: Any, keep: bool) -> None:
+        self.xp, self.dtype, self.keep = xp, dtype, keep
+        self.arrays: list[Any] = []
+        self.next = 0
+
+    def restart(self) -> None:
+        """Hand out the kept arrays again, in the same order, for the next run."""
+        self.next = 0
+
+    def empty(self, shape: tuple[int, ...]) -> Any:
+        """An uninitialized array of ``shape`` (the next kept one when keeping)."""
+        if self.keep and self.next < len(self.arrays):
+            array = self.arrays[self.next]
+            assert array.shape == shape, (array.shape, shape)
+        else:
+            array = self.xp.empty(shape, self.dtype)
+            if self.keep:
+                self.arrays.append(array)
+        self.next += 1
+        return array
+
+    def pair(self, shape: Shape, dims: Mapping[str, int]) -> tuple[Any, Any]:
+        """Two arrays of the symbolic ``shape``, for alternate steps."""
+        return self.empty(resolve(shape, dims)), self.empty(resolve(shape, dims))
+
+
+@dataclass(frozen=True)
+class ScanPlan:
+    """Where the loop body's results live, by symbolic shape; allocated per run."""
+
+    into_stack: dict[Key, str]  # results written straight into a stacked output's step slot
+    pairs: dict[Key, Shape]  # every other result a kernel or GEMM makes: two buffers each
+    # Carries whose next value is not made in the loop (an input, a constant): copied into
+    # their own pair of buffers, so they too are never overwritten while still needed.
+    copied: dict[str, Shape]
+    copy_stacked: tuple[str, ...]  # stacked outputs copied into their step slot after a step
+
+
+def plan_scan(body: GraphSchedule, steps: list[Launch | Gemm], stacked: tuple[str, ...],
+              carries: tuple[str, ...]) -> ScanPlan:
+    """The buffer plan of a loop body whose work is ``steps``."""
+    made = {(s.node, k): shape for s in steps for k, shape in
+            enumerate(s.shapes if isinstance(s, Launch) else (s.shape,))}
+    into_stack: dict[Key, str] = {}
+    for name in stacked:
+        key = body.outputs[name].source
+        if key in made and key not in into_stack:
+            into_stack[key] = name
+    pairs = {key: shape for key, shape in made.items() if key not in into_stack}
+    copied = {name: body.outputs[name].shape for name in carries
+              if body.outputs[name].source not in made}
+    copy_stacked = tuple(name for name in stacked
+                         if into_stack.get(body.outputs[name].source) != name)
+    return ScanPlan(into_stack, pairs, copied, copy_stacked)
+
+
+class Host:
+    """Runs one program's schedule over device arrays with its loaded kernels."""
+
+    def __init__(self, xp: Any, schedule: ProgramSchedule, module: Module,
+                 kernels: Mapping[str, Any]) -> None:
+        self.xp = xp
+        self.schedule = schedule
+        self.kernels = kernels
+        self.dtype = schedule.numpy_dtype
+        self.work = {where: {s.node: s for s in steps} for where, steps in module.steps.items()}
+        # Constants outside fused regions, made once: nothing is allocated inside a capture.
+        self.constants = {step.slot: xp.full((), step.attrs["value"], self.dtype)
+                          for graph in (schedule.pre, schedule.body, schedule.post)
+                          for step in graph.steps if step.op is ops.constant}
+        scan = schedule.scan
+        self.scan_plan = plan_scan(schedule.body, module.steps["body"], scan.stacked,
+                                   tuple(c.name for c in scan.carries))
+
+    def execute(self, env: Mapping[str, Any], dims: Mapping[str, int], buffers: Buffers
+                ) -> dict[str, Any]:
+        """Run pre, scan and post over device arrays; the program's results as device arrays."""
+        schedule = self.schedule
+        env = dict(env)
+
+        def once(key: Key, shape: Shape) -> Any:
+            return buffers.empty(resolve(shape, dims))
+
+        env.update(self.run_graph("pre", schedule.pre, env, dims, once))
+        env.update(self.run_scan(env, dims, buffers))
+        env.update(self.run_graph("post", schedule.post, env, dims, once))
+        return {name: env[name] for name in schedule.results}
+
+    def run_graph(self, where: str, graph: GraphSchedule, env: Mapping[str, Any],
+                  dims: Mapping[str, int], destination: Destination) -> dict[str, Any]:
+        """Run one graph; ``destination((node, index), shape)`` gives result arrays."""
+        vals: dict[int, Any] = {}
+        work = self.work[where]
+        size_args = (np.int64(dims["T"]), np.int64(dims["B"]))
+        for step in graph.steps:
+            op = step.op
+            if op is ARG:
+                vals[step.slot] = env[step.name]
+            elif op is GET:
+                vals[step.slot] = vals[step.inputs[0]][step.attrs["index"]]
+            elif op is ops.constant:
+                vals[step.slot] = self.constants[step.slot]
+            else:
+                vals[step.slot] = self.run_step(work[step.slot], vals, destination, size_args)
+        return {name: vals[output.slot] for name, output in graph.outputs.items()}
+
+    def run_step(self, step: Launch | Gemm, vals: Mapping[int, Any], destination: Destination,
+                 size_args: tuple[np.int64, np.int64]) -> Any:
+        """Launch one kernel or GEMM; its result, or the tuple of a fused kernel's results."""
+        if isinstance(step, Gemm):
+            out = destination((step.node, 0), step.shape)
+            self.gemm(vals[step.a], vals[step.b], out, step.transpose_a, step.transpose_b)
+            return out
+        outs = [destination((step.node, k), shape) for k, shape in enumerate(step.shapes)]
+        total = max(int(np.prod(o.shape)) for o in outs)
+        if total:
+            grid = min((total + BLOCK - 1) // BLOCK, MAX_BLOCKS)
+            args = tuple(vals[i] for i in step.inputs) + tuple(outs) + size_args
+            self.kernels[step.kernel]((grid,), (BLOCK,), args)
+        return tuple(outs) if step.fused else outs[0]
+
+    def gemm(self, a: Any, b: Any, out: Any, transpose_a: bool, transpose_b: bool) -> None:
+        """``out = a @ b`` on 2-D views; transpose_a contracts every leading axis of a and b."""
+        xp = self.xp
+        a2 = a.reshape(-1, a.shape[-1])
+        if transpose_a:
+            xp.matmul(a2.T, b.reshape(-1, b.shape[-1]), out=out)
+        else:
+            xp.matmul(a2, b.T if transpose_b else b, out=out.reshape(-1, out.shape[-1]))
+
+    def scan_outputs(self, dims: Mapping[str, int], buffers: Buffers) -> dict[str, Any]:
+        """The loop's stacked outputs (uninitialized) and summed outputs (zeroed)."""
+        scan, body = self.schedule.scan, self.schedule.body
+        out: dict[str, Any] = {}
+        for name in scan.stacked:
+            out[name] = buffers.empty((dims["T"],) + resolve(body.outputs[name].shape, dims))
+        for name in scan.summed:
+            out[name] = buffers.empty(resolve(body.outputs[name].shape, dims))
+            out[name].fill(0)
+        return out
+
+    def run_scan(self, env: Mapping[str, Any], dims: Mapping[str, int], buffers: Buffers
+                 ) -> dict[str, Any]:
+        """The time loop; stacked and summed outputs and final carries by name."""
+        xp, scan, plan = self.xp, self.schedule.scan, self.scan_plan
+        out = self.scan_outputs(dims, buffers)
+        pairs = {key: buffers.pair(shape, dims) for key, shape in plan.pairs.items()}
+        copied = {name: buffers.pair(shape, dims) for name, shape in plan.copied.items()}
+        local = {name: env[name] for name in scan.consts}
+        carry = {c.name: env[c.init] for c in scan.carries}
+        T = dims["T"]
+        for step, t in enumerate(range(T - 1, -1, -1) if scan.reverse else range(T)):
+            local.update({name: env[name][t] for name in scan.seqs})
+            local.update(carry)
+
+            def destination(key: Key, shape: Shape, t: int = t, step: int = step) -> Any:
+                if key in plan.into_stack:
+                    return out[plan.into_stack[key]][t]
+                return pairs[key][step % 2]
+
+            results = self.run_graph("body", self.schedule.body, local, dims, destination)
+            for name in plan.copy_stacked:
+                xp.copyto(out[name][t], results[name])
+            for name in scan.summed:
+                xp.add(out[name], results[name], out=out[name])
+            for c in scan.carries:
+                if c.name in copied:
+                    xp.copyto(copied[c.name][step % 2], results[c.name])
+                    carry[c.name] = copied[c.name][step % 2]
+                else:
+                    carry[c.name] = results[c.name]
+        for c in scan.carries:
+            if c.final is not None:
+                out[c.final] = carry[c.name]
+        return out
