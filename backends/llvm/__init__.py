@@ -1,7 +1,9 @@
 """The LLVM backend: one native function per program, JIT-compiled through llvmlite.
 
-``codegen`` lowers a program to LLVM IR with the per-op ``rules`` and the loop ``kernels``;
-``cache`` compiles it for the host CPU and keeps the object code in memory and on disk;
-``runtime`` is the backend object and the runner that calls the native code; ``mathlib`` and
-``blas`` supply vectorizable transcendental functions and the GEMM.
+``codegen`` lowers a program's schedule to LLVM IR in a ``context``, with the per-op ``rules``,
+the per-element evaluation of ``region``, the loop nests of ``kernels``, the GEMMs of ``gemm``
+and the vectorizable transcendental functions of ``mathlib``; ``cache`` compiles it for the
+host CPU and keeps the object code in memory and on disk; ``runtime`` is the backend object and
+the runner that calls the native code. ``blas`` finds and loads the BLAS libraries, and
+``autotune`` picks one per GEMM shape.
 """

@@ -37,7 +37,8 @@ import llvmlite.binding as llvm
 from llvmlite.binding import ffi
 
 from rnnc import diskcache
-from rnnc.backends.llvm.codegen import ENTRY, Plan, env_shapes
+from rnnc.backends.llvm.codegen import env_shapes
+from rnnc.backends.llvm.context import ENTRY, Plan
 from rnnc.ir import Program
 
 DEFAULT_MEMORY_BYTES = 256 << 20
@@ -65,8 +66,8 @@ def generator_sources() -> list[Path]:
     """Every source file of the installed rnnc (core, passes, backends), in a fixed order.
 
     All of them, not a hand-kept list: the LLVM backend's code generators (``codegen``,
-    ``kernels``, ``rules``, ``mathlib``, ``gemm``, ``blas``) import rnnc's core modules, and a
-    list would miss the next file that starts emitting IR."""
+    ``context``, ``region``, ``kernels``, ``rules``, ``mathlib``, ``gemm``) import rnnc's core
+    modules, and a list would miss the next file that starts emitting IR."""
     import rnnc
     import rnnc.backends
     import rnnc.passes

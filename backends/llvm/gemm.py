@@ -1,153 +1,317 @@
-"""rnnc's own GEMM for the recurrent step: ``out = a @ w`` with few rows, on one core.
+"""GEMMs in generated code: calls into a BLAS by address, and rnnc's own kernels for per-step
+products.
 
-At small and moderate batch the per-step product ``h @ U`` is too small for a threaded BLAS:
-its threads spend more time meeting than multiplying, and it re-packs ``U`` on every call. This
-kernel packs ``w`` once per sequence (at the first step of each call) into column panels of
-``2 * lanes`` columns stored contiguously, so a panel streams through L1 without the 4 KiB-stride
-set conflicts of reading a row-major matrix down a column; it then keeps a tile of ``ROWS`` x
-``2 * lanes`` results in vector registers over the whole ``k`` loop, loading two vectors of the
-panel and broadcasting ``ROWS`` entries of ``a`` per ``k``.
+A BLAS routine is reached through ``inttoptr`` of its address, so the JIT resolves no symbols;
+the argument order of each calling convention is :func:`rnnc.backends.llvm.blas.gemm_arguments`.
+In ``rnnc_run`` each call site reads its address from the table the runner passes, so each
+shape can use the fastest installed library (:mod:`rnnc.backends.llvm.autotune`) and cached
+object code stays valid in another process, where the libraries load elsewhere.
 
-It needs ``n`` to be a multiple of ``2 * lanes``; other shapes use the BLAS.
+rnnc's own kernels serve the recurrent step, ``out = a @ w`` with few rows, on one core:
+
+- up to :data:`SMALL_ROWS` rows, an axpy-form loop (the BLAS call overhead and its small-M
+  path cost more than streaming the weights once);
+- at small and moderate batch the panel kernel: a threaded BLAS spends more time meeting than
+  multiplying, and re-packs ``w`` on every call. The panel kernel packs ``w`` once per sequence
+  (at the first step of each call) into column panels of ``2 * lanes`` columns stored
+  contiguously, so a panel streams through L1 without the 4 KiB-stride set conflicts of
+  reading a row-major matrix down a column; it then keeps a tile of ``ROWS`` x ``2 * lanes``
+  results in vector registers over the whole ``k`` loop, loading two vectors of the panel and
+  broadcasting ``ROWS`` entries of ``a`` per ``k``. It needs ``n`` to be a multiple of
+  ``2 * lanes``; other shapes use the BLAS.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from llvmlite import ir
 
-from rnnc.backends.llvm.kernels import I64, Buffer
+from rnnc.backends.llvm import blas, mathlib
+from rnnc.backends.llvm.context import I8, I8P, I32, I64, Buffer, Context
+from rnnc.backends.llvm.kernels import Kernel, emit_loop
+from rnnc.backends.schedule import NUMPY_DTYPES
 
-# Up to this many multiply-adds per step (rows * n * k) the kernel beats a threaded BLAS here.
+# Up to this many rows, a GEMM runs in the axpy-form kernel instead of the BLAS.
+SMALL_ROWS = 2
+# Up to this many multiply-adds per step (rows * n * k) the panel kernel beats a threaded BLAS.
 MAX_WORK = 12 << 20
 ROWS = 6  # row block: 2 * ROWS accumulators + 2 weight vectors + 1 broadcast fit in 32 zmm
+GEMM_ENTRY = 3  # uint64 words per GEMM site in the table the runner passes
 
 
-def lanes(ctx: Any) -> int:
+def _scalar_type(dtype: np.dtype | type) -> ir.Type:
+    return ir.FloatType() if np.dtype(dtype) == np.float32 else ir.DoubleType()
+
+
+def gemm_function_type(convention: blas.Convention, dtype: np.dtype | type) -> ir.FunctionType:
+    """Return the LLVM type of a GEMM routine in the given convention and dtype."""
+    kinds = [kind for kind, _ in blas.gemm_arguments(convention, False, False, *[0] * 11)]
+    if convention == "fortran":  # every argument by address
+        return ir.FunctionType(ir.VoidType(), [I8P] * len(kinds))
+    types = {"i": I32, "s": _scalar_type(dtype), "m": _scalar_type(dtype).as_pointer()}
+    return ir.FunctionType(ir.VoidType(), [types[kind] for kind in kinds])
+
+
+def emit_gemm_call(builder: ir.IRBuilder, address: int | ir.Value, convention: blas.Convention,
+                   dtype: np.dtype | type, transa: bool, transb: bool, m: Any, n: Any, k: Any,
+                   alpha: Any, a: ir.Value, lda: Any, b: ir.Value, ldb: Any, beta: Any,
+                   c: ir.Value, ldc: Any, entry: ir.IRBuilder | None = None) -> ir.Instruction:
+    """Emit a call computing row-major ``C = alpha * op(A) @ op(B) + beta * C``.
+
+    ``address`` is the routine's address, a Python int or an i64 value. Sizes are Python ints
+    or integer values (wider ones are truncated to i32), alpha and beta Python floats or
+    scalars of the dtype, and the matrices any pointer values. ``entry`` is the builder that
+    owns the function's entry block, if one does; the Fortran convention's argument slots go
+    there.
+    """
+    scalar = _scalar_type(dtype)
+    if isinstance(address, int):
+        address = ir.Constant(I64, address)
+    function = builder.inttoptr(address, gemm_function_type(convention, dtype).as_pointer())
+    arguments = blas.gemm_arguments(convention, transa, transb, m, n, k, alpha, a, lda, b, ldb,
+                                    beta, c, ldc)
+    values = [_argument(builder, kind, value, scalar) for kind, value in arguments]
+    if convention == "fortran":  # every argument by address, the matrices as they are
+        slots = entry or _entry_builder(builder)
+        values = [builder.bitcast(v, I8P) if kind == "m" else _by_address(builder, slots, v)
+                  for (kind, _), v in zip(arguments, values, strict=True)]
+    return builder.call(function, values)
+
+
+def _argument(builder: ir.IRBuilder, kind: str, value: Any, scalar: ir.Type) -> ir.Value:
+    """One GEMM argument of ``kind`` (see ``gemm_arguments``) as a value of its LLVM type."""
+    if not isinstance(value, ir.Value):
+        return ir.Constant({"i": I32, "c": I8, "s": scalar}[kind], value)
+    if kind == "m":
+        return builder.bitcast(value, scalar.as_pointer())
+    if kind == "i" and value.type.width > 32:
+        return builder.trunc(value, I32)
+    return value
+
+
+def _entry_builder(builder: ir.IRBuilder) -> ir.IRBuilder:
+    """A builder in the entry block of ``builder``'s function: ``builder`` itself when it is
+    there, else a new one at the block's start (so that a terminator stays last)."""
+    block = builder.function.entry_basic_block
+    if builder.block is block:
+        return builder
+    entry = ir.IRBuilder(block)
+    entry.position_at_start(block)
+    return entry
+
+
+def _by_address(builder: ir.IRBuilder, entry: ir.IRBuilder, value: ir.Value) -> ir.Value:
+    """``value`` stored in a stack slot of the entry block, as an ``i8*``."""
+    # The entry block runs once, so a call inside the time loop does not grow the stack on
+    # every step.
+    slot = entry.alloca(value.type)
+    builder.store(value, slot)
+    return builder.bitcast(slot, I8P)
+
+
+def emit_blas_gemm(ctx: Context, transa: bool, transb: bool, sizes: tuple, m: Any, n: Any,
+                   k: Any, a: ir.Value, lda: Any, b: ir.Value, ldb: Any, c: ir.Value,
+                   ldc: Any) -> None:
+    """Row-major ``C = op(A) @ op(B)`` through the BLAS the runner chose for this call site.
+
+    ``sizes`` are the site's symbolic (m, n, k), each a tuple of dims whose product it is; the
+    runner resolves them for each (T, B) and fills the site's entry of the table: (GEMM
+    address, ``set_num_threads`` address or 0, thread count).
+    """
+    builder = ctx.builder
+    site = len(ctx.plan.gemms)
+    ctx.plan.gemms.append((transa, transb, sizes))
+    table = builder.bitcast(ctx.gemm_table, I64.as_pointer())
+    address, setter, threads = (
+        builder.load(builder.gep(table, [ir.Constant(I64, GEMM_ENTRY * site + i)]))
+        for i in range(GEMM_ENTRY))
+    _set_threads(ctx, setter, threads)
+    emit_gemm_call(builder, address, ctx.convention, NUMPY_DTYPES[ctx.dtype], transa, transb,
+                   m, n, k, 1.0, a, lda, b, ldb, 0.0, c, ldc, entry=ctx.entry)
+
+
+def _set_threads(ctx: Context, setter: ir.Value, threads: ir.Value) -> None:
+    """Call the library's ``set_num_threads(threads)`` unless it is what was last set.
+
+    Small GEMMs (a recurrent step at small batch) run faster on one thread than split over
+    several, big ones (the hoisted projection) the other way round: each site gets its own
+    count, and the call is made only when the count changes along the program.
+    """
+    b = ctx.builder
+    if ctx.threads_state is None:
+        ctx.threads_state = (ctx.entry.alloca(I64), ctx.entry.alloca(I64))
+        for slot in ctx.threads_state:
+            ctx.entry.store(ir.Constant(I64, 0), slot)
+    last_setter, last_threads = ctx.threads_state
+    changed = b.or_(b.icmp_unsigned("!=", b.load(last_setter), setter),
+                    b.icmp_unsigned("!=", b.load(last_threads), threads))
+    needed = b.and_(b.icmp_unsigned("!=", setter, ir.Constant(I64, 0)), changed)
+    with b.if_then(needed):
+        fnty = ir.FunctionType(ir.VoidType(), [I32])
+        b.call(b.inttoptr(setter, fnty.as_pointer()), [b.trunc(threads, I32)])
+        b.store(setter, last_setter)
+        b.store(threads, last_threads)
+
+
+def emit_small_gemm(ctx: Context, rows: ir.Value, a: Buffer, w: Buffer, out: Buffer) -> None:
+    """``out[r, :] = sum_k a[r, k] * w[k, :]`` for few rows: axpy form, four k at a time.
+
+    The j loop is contiguous in ``w`` and ``out`` and vectorizes; ``rows`` travels in the
+    kernel's T argument.
+    """
+    k_size, n = w.shape
+    kernel = Kernel(ctx, "small_gemm", [Buffer(a.ptr, ("T", k_size)), w,
+                                        Buffer(out.ptr, ("T", n))])
+    b = kernel.builder
+    fma = mathlib.intrinsic(ctx.module, "fmuladd", ctx.scalar, 3)
+    zero = ir.Constant(ctx.scalar, 0.0)
+    unroll = 4
+    whole = k_size - k_size % unroll
+
+    def row(r: ir.Value) -> None:
+        kernel.loop(kernel.dim(n), lambda j: kernel.store(2, (r, j), zero))
+
+        def block(k0: ir.Value, count: int) -> None:
+            coefs = [kernel.load(0, (r, b.add(k0, ir.Constant(I64, d)))) for d in range(count)]
+
+            def column(j: ir.Value) -> None:
+                acc = kernel.load(2, (r, j))
+                for d, coef in enumerate(coefs):
+                    acc = b.call(fma, [coef, kernel.load(1, (b.add(k0, ir.Constant(I64, d)), j)),
+                                       acc])
+                kernel.store(2, (r, j), acc)
+
+            kernel.loop(kernel.dim(n), column)
+
+        if whole:
+            kernel.loop(ir.Constant(I64, whole // unroll),
+                        lambda q: block(b.mul(q, ir.Constant(I64, unroll)), unroll))
+        if k_size % unroll:
+            block(ir.Constant(I64, whole), k_size % unroll)
+
+    kernel.loop(kernel.T, row)
+    kernel.finish((rows, ctx.B))
+
+
+def lanes(ctx: Context) -> int:
     """Vector width in elements: one 512-bit register."""
-    return 16 if ctx.np_dtype().itemsize == 4 else 8
+    return mathlib.vector_width(8 * ctx.itemsize)
 
 
-def fits(ctx: Any, n: int) -> bool:
+def fits(ctx: Context, n: int) -> bool:
+    """Whether the panel kernel takes an ``n``-column product: whole panels only."""
     return isinstance(n, int) and n % (2 * lanes(ctx)) == 0
 
 
-def emit_panel_gemm(ctx: Any, rows: ir.Value, a: Buffer, w: Buffer, out: Buffer,
+def emit_panel_gemm(ctx: Context, rows: ir.Value, a: Buffer, w: Buffer, out: Buffer,
                     transposed: bool = False) -> None:
     """Call (building it once per shape) the kernel computing ``out[:rows] = a @ w``
     (``a @ w.T`` when ``transposed``: backward's ``dG @ U^T``)."""
     k_size, n = w.shape[::-1] if transposed else w.shape
-    key = ("panel_gemm", k_size, n, transposed)
-    cache = ctx.__dict__.setdefault("own_kernels", {})
-    if key not in cache:
-        cache[key] = _build(ctx, k_size, n, transposed)
+    key = (k_size, n, transposed)
+    if key not in ctx.own_gemms:
+        ctx.own_gemms[key] = _PanelKernel(ctx, k_size, n, transposed).build()
     ptr = ctx.scalar.as_pointer()
     # Each call site packs into its own workspace; the marker (null at the start of every
     # run) remembers which matrix is packed there, so packing happens once per sequence.
     packed = ctx.slot((k_size, n))
-    marker = ctx.entry_alloca(ptr)
+    marker = ctx.entry.alloca(ptr)
     ctx.entry.store(ir.Constant(ptr, None), marker)
     args = [ctx.builder.bitcast(x.ptr, ptr) for x in (a, w, out, packed)]
-    ctx.builder.call(cache[key], [rows] + args + [marker])
+    ctx.builder.call(ctx.own_gemms[key], [rows] + args + [marker])
 
 
-def _build(ctx: Any, k_size: int, n: int, transposed: bool) -> ir.Function:
-    scalar = ctx.scalar
-    L = lanes(ctx)
-    vec = ir.VectorType(scalar, L)
-    ptr = scalar.as_pointer()
-    fnty = ir.FunctionType(ir.VoidType(), [I64, ptr, ptr, ptr, ptr, ptr.as_pointer()])
-    fn = ir.Function(ctx.module, fnty, f"panel_gemm.{k_size}x{n}{'t' if transposed else ''}")
-    fn.linkage = "internal"
-    fn.attributes.add("nounwind")
-    rows, a, w, out, packed, marker = fn.args
-    for arg in (a, w, out, packed):
-        arg.add_attribute("noalias")
-    entry = ir.IRBuilder(fn.append_basic_block("entry"))
-    fma = ctx.module.globals.get(f"llvm.fmuladd.v{L}{_suffix(scalar)}") or ir.Function(
-        ctx.module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fmuladd.v{L}{_suffix(scalar)}")
-    vptr = vec.as_pointer()
-    zero = ir.Constant(vec, [0.0] * L)
-    mask = ir.Constant(ir.VectorType(ir.IntType(32), L), [0] * L)
+def _c(v: int) -> ir.Constant:
+    return ir.Constant(I64, v)
 
-    def c(v: int) -> ir.Constant:
-        return ir.Constant(I64, v)
 
-    def loop(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, step: int, body) -> None:
-        pre = b.block
-        head, inner, done = (fn.append_basic_block(s) for s in ("head", "body", "done"))
-        b.branch(head)
-        b.position_at_end(head)
-        i = b.phi(I64)
-        i.add_incoming(start, pre)
-        b.cbranch(b.icmp_signed("<", b.add(i, c(step - 1)), stop), inner, done)
-        b.position_at_end(inner)
-        body(b, i)
-        i.add_incoming(b.add(i, c(step)), b.block)
-        b.branch(head)
-        b.position_at_end(done)
-        return i
+class _PanelKernel:
+    """Builds ``panel_gemm(i64 rows, a, w, out, packed, marker)`` for one shape of ``w``."""
 
-    def block(b: ir.IRBuilder, r0: ir.Value, nrows: int, col: ir.Value) -> None:
-        """One tile: rows r0 .. r0+nrows, columns col .. col + 2L."""
-        accs = [[entry.alloca(vec) for _ in range(2)] for _ in range(nrows)]
+    def __init__(self, ctx: Context, k_size: int, n: int, transposed: bool) -> None:
+        self.k_size, self.n, self.transposed = k_size, n, transposed
+        self.L = lanes(ctx)
+        self.vec = ir.VectorType(ctx.scalar, self.L)
+        self.vptr = self.vec.as_pointer()
+        ptr = ctx.scalar.as_pointer()
+        fnty = ir.FunctionType(ir.VoidType(), [I64, ptr, ptr, ptr, ptr, ptr.as_pointer()])
+        self.fn = ir.Function(ctx.module, fnty,
+                              f"panel_gemm.{k_size}x{n}{'t' if transposed else ''}")
+        self.fn.linkage = "internal"
+        self.fn.attributes.add("nounwind")
+        self.rows, self.a, self.w, self.out, self.packed, self.marker = self.fn.args
+        for arg in (self.a, self.w, self.out, self.packed):
+            arg.add_attribute("noalias")
+        self.entry = ir.IRBuilder(self.fn.append_basic_block("entry"))
+        self.b = ir.IRBuilder(self.fn.append_basic_block("start"))
+        self.fma = mathlib.intrinsic(ctx.module, "fmuladd", self.vec, 3)
+
+    def build(self) -> ir.Function:
+        b, panel_width = self.b, 2 * self.L
+        with b.if_then(b.icmp_unsigned("!=", b.load(self.marker), self.w)):
+            emit_loop(b, _c(0), _c(self.n), panel_width, self.pack_panel)
+            b.store(self.w, self.marker)
+        emit_loop(b, _c(0), _c(self.n), panel_width, self.panel)
+        b.ret_void()
+        self.entry.branch(self.fn.blocks[1])
+        return self.fn
+
+    def pack_panel(self, col: ir.Value) -> None:
+        """Copy columns ``col .. col + 2L`` of ``w`` into their panel: ``k_size`` rows of
+        ``2L`` contiguous values."""
+        b, L, k_size = self.b, self.L, self.k_size
+
+        def row(k: ir.Value) -> None:
+            dst = b.add(b.mul(col, _c(k_size)), b.mul(k, _c(2 * L)))
+            if self.transposed:  # w is (n, k): column k of the panel's rows, gathered
+                for j in range(2 * L):
+                    src = b.add(b.mul(b.add(col, _c(j)), _c(k_size)), k)
+                    b.store(b.load(b.gep(self.w, [src])), b.gep(self.packed, [b.add(dst, _c(j))]))
+                return
+            src = b.add(b.mul(k, _c(self.n)), col)
+            for h in range(2):
+                v = b.load(b.bitcast(b.gep(self.w, [b.add(src, _c(h * L))]), self.vptr), align=4)
+                b.store(v, b.bitcast(b.gep(self.packed, [b.add(dst, _c(h * L))]), self.vptr),
+                        align=4)
+
+        emit_loop(b, _c(0), _c(k_size), 1, row)
+
+    def panel(self, col: ir.Value) -> None:
+        """Every row of the output's columns ``col .. col + 2L``, in tiles of ``ROWS`` rows."""
+        b = self.b
+        end = emit_loop(b, _c(0), self.rows, ROWS, lambda r0: self.tile(r0, ROWS, col))
+        # The rows left over (fewer than ROWS) as one tile of their own height.
+        left = b.sub(self.rows, end)
+        for height in range(1, ROWS):
+            with b.if_then(b.icmp_signed("==", left, _c(height))):
+                self.tile(end, height, col)
+
+    def tile(self, r0: ir.Value, nrows: int, col: ir.Value) -> None:
+        """Rows ``r0 .. r0 + nrows``, columns ``col .. col + 2L``, accumulated in registers."""
+        b, L, k_size, vec = self.b, self.L, self.k_size, self.vec
+        accs = [[self.entry.alloca(vec) for _ in range(2)] for _ in range(nrows)]
         for pair in accs:
             for acc in pair:
-                b.store(zero, acc)
+                b.store(ir.Constant(vec, [0.0] * L), acc)
+        mask = ir.Constant(ir.VectorType(I32, L), [0] * L)
 
-        def step(b: ir.IRBuilder, k: ir.Value) -> None:
+        def step(k: ir.Value) -> None:
             # Panel col / 2L holds k_size rows of 2L contiguous values.
-            row = b.add(b.mul(col, c(k_size)), b.mul(k, c(2 * L)))
-            ws = [b.load(b.bitcast(b.gep(packed, [b.add(row, c(h * L))]), vptr), align=4)
-                  for h in range(2)]
+            row = b.add(b.mul(col, _c(k_size)), b.mul(k, _c(2 * L)))
+            ws = [b.load(b.bitcast(b.gep(self.packed, [b.add(row, _c(h * L))]), self.vptr),
+                         align=4) for h in range(2)]
             for i in range(nrows):
-                s = b.load(b.gep(a, [b.add(b.mul(b.add(r0, c(i)), c(k_size)), k)]))
-                v = b.shuffle_vector(b.insert_element(ir.Constant(vec, None), s, c(0)),
+                s = b.load(b.gep(self.a, [b.add(b.mul(b.add(r0, _c(i)), _c(k_size)), k)]))
+                v = b.shuffle_vector(b.insert_element(ir.Constant(vec, None), s, _c(0)),
                                      ir.Constant(vec, None), mask)
                 for h in range(2):
-                    b.store(b.call(fma, [v, ws[h], b.load(accs[i][h])]), accs[i][h])
+                    b.store(b.call(self.fma, [v, ws[h], b.load(accs[i][h])]), accs[i][h])
 
-        loop(b, c(0), c(k_size), 1, step)
+        emit_loop(b, _c(0), _c(k_size), 1, step)
         for i in range(nrows):
-            base = b.add(b.mul(b.add(r0, c(i)), c(n)), col)
+            base = b.add(b.mul(b.add(r0, _c(i)), _c(self.n)), col)
             for h in range(2):
-                dst = b.bitcast(b.gep(out, [b.add(base, c(h * L))]), vptr)
+                dst = b.bitcast(b.gep(self.out, [b.add(base, _c(h * L))]), self.vptr)
                 b.store(b.load(accs[i][h]), dst, align=4)
-
-    body = ir.IRBuilder(fn.append_basic_block("start"))
-
-    def pack_panel(b: ir.IRBuilder, col: ir.Value) -> None:
-        def row(b: ir.IRBuilder, k: ir.Value) -> None:
-            dst = b.add(b.mul(col, c(k_size)), b.mul(k, c(2 * L)))
-            if transposed:  # w is (n, k): column k of the panel's rows, gathered
-                for j in range(2 * L):
-                    src = b.add(b.mul(b.add(col, c(j)), c(k_size)), k)
-                    b.store(b.load(b.gep(w, [src])), b.gep(packed, [b.add(dst, c(j))]))
-                return
-            src = b.add(b.mul(k, c(n)), col)
-            for h in range(2):
-                v = b.load(b.bitcast(b.gep(w, [b.add(src, c(h * L))]), vptr), align=4)
-                b.store(v, b.bitcast(b.gep(packed, [b.add(dst, c(h * L))]), vptr), align=4)
-        loop(b, c(0), c(k_size), 1, row)
-
-    with body.if_then(body.icmp_unsigned("!=", body.load(marker), w)):
-        loop(body, c(0), c(n), 2 * L, pack_panel)
-        body.store(w, marker)
-
-    def panel(b: ir.IRBuilder, col: ir.Value) -> None:
-        end = loop(b, c(0), rows, ROWS, lambda b, r0: block(b, r0, ROWS, col))
-        # The rows left over (fewer than ROWS) as one block of their own height.
-        left = b.sub(rows, end)
-        for height in range(1, ROWS):
-            with b.if_then(b.icmp_signed("==", left, c(height))):
-                block(b, end, height, col)
-
-    loop(body, c(0), c(n), 2 * L, panel)
-    body.ret_void()
-    entry.branch(fn.blocks[1])
-    return fn
-
-
-def _suffix(scalar: ir.Type) -> str:
-    return "f32" if isinstance(scalar, ir.FloatType) else "f64"

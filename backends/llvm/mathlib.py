@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-__all__ = ["emit_exp", "emit_log", "emit_sigmoid", "emit_tanh", "vector_width"]
+__all__ = ["emit_exp", "emit_log", "emit_sigmoid", "emit_tanh", "intrinsic", "vector_width"]
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,20 @@ def vector_width(dtype_bits: int) -> int:
     return 512 // dtype_bits
 
 
+def intrinsic(module: ir.Module, name: str, type_: ir.Type, arity: int) -> ir.Function:
+    """The declaration of ``llvm.<name>`` taking ``arity`` values of ``type_`` (float, double
+    or a vector of them) and returning one, declared in ``module`` once."""
+    element = type_.element if isinstance(type_, ir.VectorType) else type_
+    suffix = "f32" if isinstance(element, ir.FloatType) else "f64"
+    if isinstance(type_, ir.VectorType):
+        suffix = f"v{type_.count}{suffix}"
+    full = f"llvm.{name}.{suffix}"
+    existing = module.globals.get(full)
+    if existing is not None:
+        return existing
+    return ir.Function(module, ir.FunctionType(type_, [type_] * arity), full)
+
+
 class _Emitter:
     """Typed constant and intrinsic helpers for one float or float-vector type."""
 
@@ -161,14 +175,7 @@ class _Emitter:
         return self._splat(ir.IntType(self.fmt.bits), value)
 
     def _intrinsic(self, name: str, arity: int) -> ir.Function:
-        module = self.b.module
-        element = "f32" if self.fmt.bits == 32 else "f64"
-        suffix = f"v{self.lanes}{element}" if self.lanes else element
-        full = f"llvm.{name}.{suffix}"
-        existing = module.globals.get(full)
-        if existing is not None:
-            return existing
-        return ir.Function(module, ir.FunctionType(self.type, [self.type] * arity), full)
+        return intrinsic(self.b.module, name, self.type, arity)
 
     def fabs(self, x: ir.Value) -> ir.Value:
         return self.b.call(self._intrinsic("fabs", 1), [x])

@@ -32,16 +32,14 @@ from pathlib import Path
 import numpy as np
 
 from rnnc import diskcache
+from rnnc.backends.llvm import autotune, cache, codegen
 from rnnc.backends.llvm import blas as blas_lib
-from rnnc.backends.llvm import cache, codegen
+from rnnc.backends.schedule import NUMPY_DTYPES, resolve
 from rnnc.errors import BackendUnavailable, RnncTypeError, RnncValueError
 from rnnc.fingerprint import fingerprint
 from rnnc.ir import Program
 
 _ALIGN = 64
-# Multiply-adds below which a GEMM runs on one thread, and above which on all, unmeasured.
-_ONE_CORE = 1 << 16
-_ALL_CORES = 1 << 27
 _SIGNATURE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                               ctypes.c_void_p)
 MAX_THREADS = 1024
@@ -57,10 +55,6 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def _resolve(shape: tuple, T: int, B: int) -> tuple[int, ...]:
-    return tuple(T if d == "T" else B if d == "B" else d for d in shape)
-
-
 class Runner:
     """``runner(env, dims) -> results`` for one compiled program; safe from many threads."""
 
@@ -70,7 +64,7 @@ class Runner:
         self.threads = threads
         self.tuning_dir = tuning_dir
         self.plan = compiled.plan
-        self.dtype = np.dtype(codegen.NP_DTYPES[dtype])
+        self.dtype = np.dtype(NUMPY_DTYPES[dtype])
         self.libraries = {b.name: b for b in libraries}
         self._tables: dict[tuple[int, int], np.ndarray] = {}
         self._tables_lock = threading.Lock()
@@ -88,24 +82,12 @@ class Runner:
         """What each GEMM site uses at (T, B), as ``library@threads``: the fastest for its
         shape among the installed libraries at one thread or all of them, measured once per
         shape and remembered on disk."""
-        names = sorted(
-            f"{name}@{t}" for name, lib in self.libraries.items()
-            for t in ((1, self.threads) if lib.threads_addr and self.threads > 1 else
-                      (self.threads,)))
-        choice = []
+        names = autotune.candidate_names(self.libraries.values(), self.threads)
+        choice, dims = [], {"T": T, "B": B}
         for _, _, sizes in self.plan.gemms:
-            m, n, k = (int(np.prod(_resolve(d, T, B), dtype=np.int64)) for d in sizes)
-            # Only the middle sizes are worth measuring: a tiny product cannot pay for a
-            # thread hand-off and a huge one always gains from every core.
-            work = m * n * k
-            fit = [c for c in names if not c.endswith("@1")] if work >= _ALL_CORES else \
-                [c for c in names if c.endswith("@1")] if work <= _ONE_CORE else names
-            fit = fit or names
-            if len(fit) == 1 or work == 0:
-                choice.append(fit[-1])
-            else:
-                choice.append(blas_lib.choose(m, n, k, self.dtype, fit,
-                                              cache_dir=self.tuning_dir))
+            m, n, k = (int(np.prod(resolve(d, dims), dtype=np.int64)) for d in sizes)
+            choice.append(autotune.choose_for_site(m, n, k, self.dtype, names,
+                                                   cache_dir=self.tuning_dir))
         return choice
 
     def _gemm_table(self, T: int, B: int) -> np.ndarray:
@@ -113,7 +95,7 @@ class Runner:
             if (T, B) not in self._tables:
                 entries = []
                 for name in self.gemm_choice(T, B):
-                    library, threads = blas_lib.split_candidate(name)
+                    library, threads = autotune.split_candidate(name)
                     setter = library.threads_addr or 0
                     entries += [library.gemm_addr(self.dtype), setter, threads if setter else 0]
                 self._tables[(T, B)] = np.array(entries or [0], dtype=np.uint64)
@@ -129,7 +111,8 @@ class Runner:
         if (T, B) in spaces:
             spaces.move_to_end((T, B))
             return spaces[(T, B)][1]
-        sizes = [int(np.prod(_resolve(s, T, B), dtype=np.int64)) * self.dtype.itemsize
+        dims = {"T": T, "B": B}
+        sizes = [int(np.prod(resolve(s, dims), dtype=np.int64)) * self.dtype.itemsize
                  for s in self.plan.slots]
         offsets, total = [], 0
         for size in sizes:
@@ -150,6 +133,7 @@ class Runner:
                 or T < 0 or B < 0:
             raise RnncValueError(f"dims T and B must be integers >= 0, got T={T!r}, B={B!r}")
         T, B = int(T), int(B)
+        sizes = {"T": T, "B": B}
         if T * B * self._widest >= 2**31:
             raise RnncValueError(f"T={T}, B={B} is too large for 32-bit BLAS sizes")
         pointers: list[int] = []
@@ -159,7 +143,7 @@ class Runner:
                 raise RnncTypeError(f"{name!r} must be a NumPy array, got {type(arr).__name__}")
             if arr.dtype != self.dtype:
                 raise RnncTypeError(f"{name!r} must be {self.dtype}, got {arr.dtype}")
-            expected = _resolve(shape, T, B)
+            expected = resolve(shape, sizes)
             if arr.shape != expected:
                 raise RnncValueError(f"{name!r} must have shape {expected}, got {arr.shape}")
             if not (arr.flags.c_contiguous and arr.flags.aligned):
@@ -168,7 +152,7 @@ class Runner:
         results = {}
         for name, shape in self.plan.results:
             if name not in results:
-                results[name] = np.empty(_resolve(shape, T, B), self.dtype)
+                results[name] = np.empty(resolve(shape, sizes), self.dtype)
             pointers.append(results[name].ctypes.data)
         pointers.extend(self._workspace(T, B))
         table = np.array(pointers, dtype=np.uint64)
@@ -220,7 +204,7 @@ class LlvmBackend:
         start = time.perf_counter()
         identity = fingerprint(program)
         k = cache.key(identity, program.dtype, self.blas.convention)
-        compiled = self.cache.get(k, identity, lambda: codegen.lower(program, self.blas),
+        compiled = self.cache.get(k, identity, lambda: codegen.lower(program, self.blas.convention),
                                   lambda plan: cache.plan_fits(plan, program))
         return Runner(compiled, self.libraries, self.threads, program.dtype,
                       time.perf_counter() - start, self.tuning_dir)

@@ -26,7 +26,7 @@ pytest.importorskip("llvmlite")
 
 import rnnc  # noqa: E402
 from rnnc import diskcache  # noqa: E402
-from rnnc.backends.llvm import blas, cache  # noqa: E402
+from rnnc.backends.llvm import autotune, blas, cache  # noqa: E402
 from rnnc.backends.llvm.runtime import MAX_THREADS, LlvmBackend  # noqa: E402
 from rnnc.fingerprint import fingerprint  # noqa: E402
 
@@ -288,9 +288,9 @@ def test_tuning_file_faults(tmp_path: Path, monkeypatch) -> None:
     candidates = [library.name, "twin"]
     path = tmp_path / "blas.json"
     for content in ("{not json", "[1, 2]", "\"text\""):
-        monkeypatch.setattr(blas, "_CHOICES", {})
+        monkeypatch.setattr(autotune, "_CHOICES", {})
         path.write_text(content)
-        assert blas.choose(8, 8, 8, np.float32, candidates, cache_dir=tmp_path, reps=1) \
+        assert autotune.choose(8, 8, 8, np.float32, candidates, cache_dir=tmp_path, reps=1) \
             in candidates
         assert isinstance(json.loads(path.read_text()), dict)
     # A link to a file naming a valid choice is not followed: the shape is measured.
@@ -298,12 +298,12 @@ def test_tuning_file_faults(tmp_path: Path, monkeypatch) -> None:
     elsewhere.write_text(json.dumps({f"float32:8x8x8:{','.join(sorted(candidates))}": "twin"}))
     path.unlink()
     path.symlink_to(elsewhere)
-    monkeypatch.setattr(blas, "_CHOICES", {})
+    monkeypatch.setattr(autotune, "_CHOICES", {})
     measured = []
-    real_time = blas._time_gemm
-    monkeypatch.setattr(blas, "_time_gemm", lambda lib, *a: measured.append(lib) or
+    real_time = autotune._time_gemm
+    monkeypatch.setattr(autotune, "_time_gemm", lambda lib, *a: measured.append(lib) or
                         real_time(lib, *a))
-    blas.choose(8, 8, 8, np.float32, candidates, cache_dir=tmp_path, reps=1)
+    autotune.choose(8, 8, 8, np.float32, candidates, cache_dir=tmp_path, reps=1)
     assert len(measured) == 2
     assert not path.is_symlink() and "twin" in elsewhere.read_text()
     assert _leftovers(tmp_path) == []

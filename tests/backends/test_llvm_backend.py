@@ -16,7 +16,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 import rnnc  # noqa: E402
 from rnnc import ops  # noqa: E402
-from rnnc.backends.llvm import blas  # noqa: E402
+from rnnc.backends.llvm import autotune, blas  # noqa: E402
 from rnnc.backends.llvm.runtime import LlvmBackend  # noqa: E402
 from rnnc.backends.numpy.runtime import run_program  # noqa: E402
 from rnnc.ir import Carry, Graph, Program, Scan, Type, retype, verify  # noqa: E402
@@ -67,7 +67,7 @@ def test_fused_step_loop_is_vectorized() -> None:
     from rnnc.backends.llvm import cache, codegen
 
     program = rnnc.compile(rnnc.cells.lstm(8, 64)).program()
-    text, plan = codegen.lower(program, blas.get())
+    text, plan = codegen.lower(program, blas.get().convention)
     assert text.count("define ") >= 2 and "prefer-vector-width" in text
     optimized = str(cache.optimize(text))
     features = llvm.get_host_cpu_features()
@@ -149,8 +149,8 @@ def test_each_gemm_shape_gets_a_measured_choice(tmp_path, monkeypatch) -> None:
     library = blas.get()
     twin = blas.Blas("twin", library.sgemm_addr, library.dgemm_addr, library.convention,
                      library.set_threads, library.threads_addr)
-    monkeypatch.setattr(blas, "_CHOICES", {})
-    monkeypatch.setattr(blas, "_default_cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(autotune, "_CHOICES", {})
+    monkeypatch.setattr(autotune, "_default_cache_dir", lambda: tmp_path)
     monkeypatch.setattr(blas, "_load", {library.name: library, "twin": twin}.get)
     backend = LlvmBackend(cache_dir=False)
     backend.libraries = [library, twin]

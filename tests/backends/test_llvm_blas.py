@@ -13,7 +13,7 @@ pytest.importorskip("llvmlite")
 import llvmlite.binding as llvm  # noqa: E402
 from llvmlite import ir  # noqa: E402
 
-from rnnc.backends.llvm import blas  # noqa: E402
+from rnnc.backends.llvm import autotune, blas, gemm  # noqa: E402
 
 LIBRARIES = {
     "openblas": "scipy-openblas32",
@@ -81,7 +81,7 @@ class _GemmJit:
         builder = ir.IRBuilder(entry)
 
         def call() -> None:
-            blas.emit_gemm_call(
+            gemm.emit_gemm_call(
                 builder, library.gemm_addr(dtype), library.convention, dtype, transa, transb,
                 m, n, k, 1.5, a, lda, b, ldb, -0.5, c, ldc,
             )  # fmt: skip
@@ -156,7 +156,7 @@ def test_gemm_goes_through_inttoptr_without_symbols() -> None:
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ptr, ptr, ptr]), "f")
     builder = ir.IRBuilder(fn.append_basic_block())
     a, b, c = fn.args
-    blas.emit_gemm_call(
+    gemm.emit_gemm_call(
         builder, library.sgemm_addr, library.convention, np.float32, False, False,
         4, 4, 4, 1.0, a, 4, b, 4, 0.0, c, 4,
     )  # fmt: skip
@@ -205,8 +205,8 @@ def test_choose_with_one_candidate_does_not_measure(tmp_path, monkeypatch) -> No
     def fail(*args, **kwargs):
         raise AssertionError("measured with a single candidate")
 
-    monkeypatch.setattr(blas, "_time_gemm", fail)
-    assert blas.choose(8, 8, 8, np.float32, [library.name], cache_dir=tmp_path) == library.name
+    monkeypatch.setattr(autotune, "_time_gemm", fail)
+    assert autotune.choose(8, 8, 8, np.float32, [library.name], cache_dir=tmp_path) == library.name
     assert not (tmp_path / "blas.json").exists()
 
 
@@ -215,35 +215,35 @@ def test_choose_measures_once_and_caches_on_disk(tmp_path, monkeypatch) -> None:
     # Two names for the same library exercise the measuring path on any machine.
     twin = blas.Blas("twin", library.sgemm_addr, library.dgemm_addr, library.convention)
     monkeypatch.setattr(blas, "_load", {library.name: library, "twin": twin}.get)
-    monkeypatch.setattr(blas, "_CHOICES", {})
+    monkeypatch.setattr(autotune, "_CHOICES", {})
     measured = []
-    real_time = blas._time_gemm
+    real_time = autotune._time_gemm
 
     def timed(lib, *args):
         measured.append(lib.name)
         return real_time(lib, *args)
 
-    monkeypatch.setattr(blas, "_time_gemm", timed)
+    monkeypatch.setattr(autotune, "_time_gemm", timed)
     candidates = [library.name, "twin"]
-    first = blas.choose(16, 8, 4, np.float64, candidates, cache_dir=tmp_path, reps=2)
+    first = autotune.choose(16, 8, 4, np.float64, candidates, cache_dir=tmp_path, reps=2)
     assert first in candidates
     assert sorted(measured) == sorted(candidates)
-    assert blas.choose(16, 8, 4, np.float64, candidates, cache_dir=tmp_path) == first
+    assert autotune.choose(16, 8, 4, np.float64, candidates, cache_dir=tmp_path) == first
     assert len(measured) == 2
     stored = json.loads((tmp_path / "blas.json").read_text())
     assert list(stored.values()) == [first]
     # A fresh process (empty memory cache) reads the file instead of measuring.
-    monkeypatch.setattr(blas, "_CHOICES", {})
-    assert blas.choose(16, 8, 4, np.float64, candidates, cache_dir=tmp_path) == first
+    monkeypatch.setattr(autotune, "_CHOICES", {})
+    assert autotune.choose(16, 8, 4, np.float64, candidates, cache_dir=tmp_path) == first
     assert len(measured) == 2
     with pytest.raises(ValueError, match="available"):
-        blas.choose(16, 8, 4, np.float64, ["no-such-blas", library.name], cache_dir=tmp_path)
+        autotune.choose(16, 8, 4, np.float64, ["no-such-blas", library.name], cache_dir=tmp_path)
 
 
 def test_split_candidate_names_a_library_and_a_thread_count() -> None:
     library = blas.get()
-    assert blas.split_candidate(f"{library.name}@1") == (library, 1)
-    assert blas.split_candidate(library.name) == (library, None)
+    assert autotune.split_candidate(f"{library.name}@1") == (library, 1)
+    assert autotune.split_candidate(library.name) == (library, None)
     for bad in (f"{library.name}@0", f"{library.name}@two", "no-such-blas@1"):
         with pytest.raises(ValueError):
-            blas.split_candidate(bad)
+            autotune.split_candidate(bad)

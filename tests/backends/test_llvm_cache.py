@@ -17,7 +17,7 @@ pytest.importorskip("llvmlite")
 
 import rnnc  # noqa: E402
 from rnnc import diskcache  # noqa: E402
-from rnnc.backends.llvm import blas, cache  # noqa: E402
+from rnnc.backends.llvm import autotune, blas, cache  # noqa: E402
 from rnnc.backends.llvm.runtime import LlvmBackend  # noqa: E402
 from rnnc.fingerprint import fingerprint  # noqa: E402
 from rnnc.ir import retype  # noqa: E402
@@ -205,7 +205,7 @@ def test_second_process_with_the_same_cache_gets_its_own_code(tmp_path: Path) ->
 def test_key_covers_every_source_that_generates_code() -> None:
     sources = set(cache.generator_sources())
     llvm_package = Path(cache.__file__).parent
-    assert set(llvm_package.glob("*.py")) <= sources  # gemm.py and blas.py emit IR too
+    assert set(llvm_package.glob("*.py")) <= sources  # region.py and gemm.py emit IR too
     core = Path(rnnc.__file__).parent
     assert {core / "ir.py", core / "ops.py", core / "fingerprint.py"} <= sources
 
@@ -390,12 +390,12 @@ def test_memory_bound_option_and_environment(tmp_path: Path, monkeypatch) -> Non
 
 def test_tuning_file_follows_the_cache_directory(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("RNNC_CACHE_DIR", str(tmp_path / "env"))
-    assert blas._default_cache_dir() == tmp_path / "env"
+    assert autotune._default_cache_dir() == tmp_path / "env"
     library = blas.get()
     twin = blas.Blas("twin", library.sgemm_addr, library.dgemm_addr, library.convention,
                      library.set_threads, library.threads_addr)
     monkeypatch.setattr(blas, "_load", {library.name: library, "twin": twin}.get)
-    monkeypatch.setattr(blas, "_CHOICES", {})
+    monkeypatch.setattr(autotune, "_CHOICES", {})
     backend = _fresh(tmp_path / "explicit")
     backend.libraries = [library, twin]
     runner = backend.build(rnnc.compile(rnnc.cells.rnn(8, 16)).program())
@@ -408,7 +408,7 @@ def test_tests_use_a_private_cache_directory(private_cache_dir: Path) -> None:
     root = Path(os.environ["RNNC_CACHE_DIR"])
     assert root == private_cache_dir and not root.is_relative_to(Path.home() / ".cache")
     assert diskcache.default_root() == root
-    assert blas._default_cache_dir() == root
+    assert autotune._default_cache_dir() == root
     assert LlvmBackend().cache.disk.directory == root / "llvm"
 
 

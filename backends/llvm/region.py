@@ -1,0 +1,244 @@
+"""Per-element evaluation: the loops that compute a fused region or one elementwise or layout node.
+
+A region (a fused node's graph, or a single node of an outer graph) is evaluated per element,
+operands before users, with an index per axis of the value being read (an explicit stack, so a
+chain of thousands of ops needs no deep recursion). An operand of a smaller shape is read with
+its broadcast axes pinned to 0. A layout op is read through its index rule (``Op.pieces``):
+column ``j`` of its result is the piece whose column range holds ``j``, which reads column
+``scale * j + offset`` of its operand, or is 0.0. Every piece is read and the right one
+selected, so each read is clamped into its operand and every load stays inside its buffer.
+
+``SCALAR[op](builder, *values) -> value`` is the per-element arithmetic of an elementwise op;
+its values are scalars of the program's dtype (or vectors of them, after vectorization).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from llvmlite import ir
+
+from rnnc import ops
+from rnnc.backends.llvm import mathlib
+from rnnc.backends.llvm.context import I64, Buffer, Context, Shape
+from rnnc.backends.llvm.kernels import Kernel
+from rnnc.backends.schedule import GraphSchedule
+from rnnc.ir import ARG, Node
+
+# A fused region of more nodes is emitted as several loops, each at most this many nodes: the
+# compile time of one loop body grows faster than linearly with its size (a 1,000-op body took
+# 17 s), while storing and reloading a value between loops costs little.
+KERNEL_NODES = 128
+
+
+def _sqrt(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    return b.call(b.module.declare_intrinsic("llvm.sqrt", [x.type]), [x])
+
+
+def _relu(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    # An ordered compare keeps NaN, as np.maximum(NaN, 0) does.
+    zero = ir.Constant(x.type, 0.0)
+    return b.select(b.fcmp_ordered("<", x, zero), zero, x)
+
+
+def _where(b: ir.IRBuilder, c: ir.Value, x: ir.Value, y: ir.Value) -> ir.Value:
+    return b.select(b.fcmp_ordered(">", c, ir.Constant(c.type, 0.0)), x, y)
+
+
+SCALAR: dict[ops.Op, Callable[..., ir.Value]] = {
+    ops.add: lambda b, x, y: b.fadd(x, y),
+    ops.sub: lambda b, x, y: b.fsub(x, y),
+    ops.mul: lambda b, x, y: b.fmul(x, y),
+    ops.div: lambda b, x, y: b.fdiv(x, y),
+    ops.neg: lambda b, x: b.fneg(x),
+    ops.exp: mathlib.emit_exp,
+    ops.log: mathlib.emit_log,
+    ops.tanh: mathlib.emit_tanh,
+    ops.sigmoid: mathlib.emit_sigmoid,
+    ops.relu: _relu,
+    ops.sqrt: _sqrt,
+    ops.rsqrt: lambda b, x: b.fdiv(ir.Constant(x.type, 1.0), _sqrt(b, x)),
+    ops.where: _where,
+}
+
+
+def per_element(op: ops.Op) -> bool:
+    """Whether a region evaluates ``op`` element by element (reductions need a node's loop)."""
+    return op in SCALAR or op.kind is ops.OpKind.LAYOUT or op is ops.constant
+
+
+def broadcast_index(index: Sequence[ir.Value], out: Shape, src: Shape) -> tuple:
+    """The index into a ``src``-shaped operand of an element at ``index`` of ``out``."""
+    zero = ir.Constant(I64, 0)
+    lead = len(out) - len(src)
+    return tuple(zero if s == 1 and out[lead + ax] != 1 else index[lead + ax]
+                 for ax, s in enumerate(src))
+
+
+# The elements a node reads, as (operand id, index), and the function combining their values.
+Reads = tuple[list[tuple[int, tuple]], Callable[[list], ir.Value]]
+
+
+class Region:
+    """Per-element evaluation of a region, given as its nodes by id, whose leaves are kernel
+    buffers.
+
+    A value is computed after its operands with an explicit stack, not by recursion: a chain of
+    thousands of elementwise ops is as deep as it is long.
+    """
+
+    def __init__(self, kernel: Kernel, nodes: Mapping[int, Node], leaves: dict[int, int]) -> None:
+        self.k = kernel
+        self.nodes = nodes
+        self.leaves = leaves  # node id -> kernel buffer number
+        # (node, ids of index values) -> (value, index); the index is kept so that no id is
+        # reused by a new index value while its key is in the memo.
+        self.memo: dict[tuple, tuple[ir.Value, tuple]] = {}
+
+    @staticmethod
+    def _key(nid: int, index: tuple) -> tuple:
+        return (nid,) + tuple(id(i) for i in index)
+
+    def value(self, nid: int, index: tuple) -> ir.Value:
+        """Node ``nid`` at element ``index``, emitting what it needs that is not yet emitted."""
+        pending: dict[tuple, Reads] = {}
+        stack = [(nid, index)]
+        while stack:
+            top, at = stack[-1]
+            key = self._key(top, at)
+            if key in self.memo:
+                stack.pop()
+                continue
+            if key not in pending:
+                pending[key] = self._reads(top, at)
+            reads, finish = pending[key]
+            missing = [r for r in reads if self._key(*r) not in self.memo]
+            if missing:
+                stack.extend(reversed(missing))
+                continue
+            stack.pop()
+            self.memo[key] = (finish([self.memo[self._key(*r)][0] for r in reads]), at)
+        return self.memo[self._key(nid, index)][0]
+
+    def _reads(self, nid: int, index: tuple) -> Reads:
+        """What node ``nid`` reads at ``index``, and how it combines the values."""
+        if nid in self.leaves:
+            return [], lambda _: self.k.load(self.leaves[nid], index)
+        node = self.nodes[nid]
+        if node.op is ops.constant:
+            return [], lambda _: ir.Constant(self.k.ctx.scalar, float(node.attrs["value"]))
+        if node.op in SCALAR:
+            reads = [(src, broadcast_index(index, node.shape, self.nodes[src].shape))
+                     for src in node.inputs]
+            return reads, lambda args: SCALAR[node.op](self.k.builder, *args)
+        if node.op.kind is ops.OpKind.LAYOUT:
+            return self._layout_reads(node, index)
+        raise NotImplementedError(f"{node.op.name} cannot be evaluated per element")
+
+    def _layout_reads(self, node: Node, index: tuple) -> Reads:
+        """A layout node at ``index``: one read per piece of its index rule, then a select of
+        the piece holding the column (a piece of no operand is 0.0)."""
+        b = self.k.builder
+        lead, j = index[:-1], index[-1]
+        shapes = [self.nodes[src].shape for src in node.inputs]
+        pieces = [p for p in node.op.pieces(*(s[-1] for s in shapes), **node.attrs)
+                  if p.start < p.stop]
+        reads: list[tuple[int, tuple]] = []
+        arms: list[int | None] = []  # per piece: its position in reads, or None for 0.0
+        for piece in pieces:
+            if piece.operand is None:
+                arms.append(None)
+                continue
+            shape = shapes[piece.operand]
+            column = self._column(j, piece, shape[-1], node.shape[-1])
+            arms.append(len(reads))
+            reads.append((node.inputs[piece.operand],
+                          broadcast_index(lead, node.shape[:-1], shape[:-1]) + (column,)))
+        zero = ir.Constant(self.k.ctx.scalar, 0.0)
+
+        def select(values: list) -> ir.Value:
+            result = zero if arms[-1] is None else values[arms[-1]]
+            for piece, arm in zip(pieces[-2::-1], arms[-2::-1], strict=True):
+                inside = b.icmp_signed("<", j, ir.Constant(I64, piece.stop))
+                result = b.select(inside, zero if arm is None else values[arm], result)
+            return result
+
+        return reads, select
+
+    def _column(self, j: ir.Value, piece: ops.Piece, width: int, n: int) -> ir.Value:
+        """The operand column ``piece`` reads at column ``j`` of an ``n``-wide result, clamped
+        into ``[0, width)`` on each side that some ``j < n`` would cross."""
+        b = self.k.builder
+        if piece.scale == 0:
+            return ir.Constant(I64, min(max(piece.offset, 0), width - 1))
+        column = j if piece.scale == 1 else b.mul(j, ir.Constant(I64, piece.scale))
+        if piece.offset:
+            column = b.add(column, ir.Constant(I64, piece.offset))
+        ends = (piece.column(0), piece.column(n - 1))
+        if min(ends) < 0:
+            low = ir.Constant(I64, 0)
+            column = b.select(b.icmp_signed("<", column, low), low, column)
+        if max(ends) > width - 1:
+            high = ir.Constant(I64, width - 1)
+            column = b.select(b.icmp_signed(">", column, high), high, column)
+        return column
+
+
+def emit_region(ctx: Context, nodes: Mapping[int, Node], leaves: dict[int, Buffer],
+                outputs: dict[int, Buffer], name: str) -> None:
+    """Compute ``outputs`` (node id -> destination) of a region of ``nodes`` from its
+    ``leaves``.
+
+    Outputs of the same shape share one loop nest.
+    """
+    groups: dict[Shape, list[int]] = {}
+    for nid, buf in outputs.items():
+        groups.setdefault(tuple(buf.shape), []).append(nid)
+    leaf_ids = list(leaves)
+    for shape, nids in groups.items():
+        kernel = Kernel(ctx, name, [leaves[n] for n in leaf_ids] + [outputs[n] for n in nids])
+        region = Region(kernel, nodes, {n: k for k, n in enumerate(leaf_ids)})
+
+        def body(index: tuple, nids: list[int] = nids, region: Region = region,
+                 kernel: Kernel = kernel) -> None:
+            region.memo.clear()
+            for pos, nid in enumerate(nids):
+                kernel.store(len(leaf_ids) + pos, index, region.value(nid, index))
+
+        kernel.nest(shape, body)
+        kernel.finish()
+
+
+def emit_fused(ctx: Context, region: GraphSchedule, leaves: dict[int, Buffer],
+               outputs: dict[int, Buffer]) -> None:
+    """Emit a per-element region as loops of at most ``KERNEL_NODES`` nodes each.
+
+    The nodes are cut into consecutive parts of their topological order; a value that a
+    later part reads is stored by its own part into a workspace slot, which the later
+    part loads. A typical cell's region is one part: one loop, nothing stored."""
+    nodes = {step.slot: step.node for step in region.steps}
+    order = [step.slot for step in region.steps if step.slot not in leaves
+             and step.op not in (ARG, ops.constant)]
+    if len(order) <= KERNEL_NODES:
+        emit_region(ctx, nodes, leaves, outputs, "fused")
+        return
+    part = {nid: k // KERNEL_NODES for k, nid in enumerate(order)}
+    last_reader: dict[int, int] = {}  # node id -> the last part that reads it
+    for step in region.steps:
+        for i in step.inputs:
+            last_reader[i] = max(last_reader.get(i, -1), part.get(step.slot, -1))
+    stored: dict[int, Buffer] = dict(leaves)
+    for first in range(0, len(order), KERNEL_NODES):
+        members = order[first:first + KERNEL_NODES]
+        here = part[members[0]]
+        reads = {i for nid in members for i in nodes[nid].inputs if i in stored}
+        # Outputs that are no part's node (a constant) are written with the first part.
+        writes = {} if first else {n: b for n, b in outputs.items() if n not in part}
+        for nid in members:
+            if nid in outputs:
+                writes[nid] = outputs[nid]
+            elif last_reader.get(nid, -1) > here:
+                writes[nid] = ctx.slot(nodes[nid].shape)
+        if writes:
+            emit_region(ctx, nodes, {i: stored[i] for i in sorted(reads)}, writes, "fused")
+        stored.update(writes)

@@ -1,0 +1,74 @@
+"""The LLVM backend reads layout ops only through their index rule (``Op.pieces``): ops it has
+never seen, declared with a shape rule, a reference and pieces alone, compile inside a fused
+region and match their references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llvmlite")
+
+from rnnc import ops  # noqa: E402
+from rnnc.backends.llvm.runtime import LlvmBackend  # noqa: E402
+from rnnc.ir import Carry, Graph, Program, Scan, Type, verify  # noqa: E402
+
+# Not registered: no table of any backend knows them.
+REVERSE = ops.Op("reverse", ops.OpKind.LAYOUT, 1, lambda a: a, lambda x: x[..., ::-1],
+                 pieces=lambda w: (ops.Piece(0, w, 0, -1, w - 1),))
+EVEN = ops.Op("even", ops.OpKind.LAYOUT, 1, lambda a: a[:-1] + ((a[-1] + 1) // 2,),
+              lambda x: x[..., ::2], pieces=lambda w: (ops.Piece(0, (w + 1) // 2, 0, 2, 0),))
+# Columns shift right by ``by``, zeros first; the last ``by`` columns fall off.
+SHIFT = ops.Op("shift", ops.OpKind.LAYOUT, 1, lambda a, by: a,
+               lambda x, by: np.concatenate([np.zeros_like(x[..., :by]), x[..., :-by]], -1),
+               pieces=lambda w, by: (ops.Piece(0, by, None), ops.Piece(by, w, 0, 1, -by)))
+# Two operands: the second one backwards, then the first one.
+MIRROR = ops.Op("mirror", ops.OpKind.LAYOUT, 2, lambda a, b: a[:-1] + (a[-1] + b[-1],),
+                lambda x, y: np.concatenate([y[..., ::-1], x], -1),
+                pieces=lambda wa, wb: (ops.Piece(0, wb, 1, -1, wb - 1),
+                                       ops.Piece(wb, wb + wa, 0, 1, -wb)))
+
+
+def _program(width: int) -> Program:
+    region = Graph("f64")
+    x = region.arg("x", ("B", width), "region")
+    h = region.arg("h", ("B", width), "region")
+    r = region.add(REVERSE, [x])
+    s = region.add(SHIFT, [x], {"by": 2})
+    e = region.add(EVEN, [region.add(ops.add, [r, s])])
+    m = region.add(MIRROR, [x, region.add(ops.tanh, [h])])
+    region.outputs = {"h": region.add(ops.add, [h, r]), "e": e, "m": m}
+
+    body = Graph("f64")
+    bx, bh = body.arg("x", ("B", width), "seq"), body.arg("h", ("B", width), "carry")
+    fused = body.add_fused(region, [bx, bh], "test")
+    body.outputs = {"h": body.get(fused, 0, "test"), "e": body.get(fused, 1, "test"),
+                    "m": body.get(fused, 2, "test")}
+    scan = Scan(body, seqs=("x",), consts=(), carries=(Carry("h", "h", "h.final"),),
+                stacked=("e", "m"), summed=())
+    args = {"x": ("input", Type("f64", ("T", "B", width))),
+            "h": ("state", Type("f64", ("B", width)))}
+    program = Program(args, Graph("f64"), scan, Graph("f64"), ("e", "m", "h.final"), dtype="f64")
+    verify(program)
+    return program
+
+
+def _reference(x: np.ndarray, h: np.ndarray, by: int = 2) -> dict[str, np.ndarray]:
+    es, ms = [], []
+    for step in x:
+        r = REVERSE.ref(step)
+        es.append(EVEN.ref(r + SHIFT.ref(step, by=by)))
+        ms.append(MIRROR.ref(step, np.tanh(h)))
+        h = h + r
+    return {"e": np.stack(es), "m": np.stack(ms), "h.final": h}
+
+
+@pytest.mark.parametrize("width", [3, 8])
+def test_layout_ops_unknown_to_the_backend_follow_their_pieces(width: int) -> None:
+    runner = LlvmBackend(cache_dir=False).build(_program(width))
+    rng = np.random.default_rng(width)
+    for T, B in ((1, 1), (4, 3)):
+        x, h = rng.standard_normal((T, B, width)), rng.standard_normal((B, width))
+        got = runner({"x": x, "h": h}, {"T": T, "B": B})
+        for name, want in _reference(x, h).items():
+            np.testing.assert_allclose(got[name], want, rtol=1e-12, atol=1e-12, err_msg=name)
