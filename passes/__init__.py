@@ -7,7 +7,9 @@ IR after every pass and timing the passes are callbacks.
 from __future__ import annotations
 
 import importlib
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 from rnnc.errors import RnncValueError
@@ -72,6 +74,15 @@ for _mode in SECOND_ORDER:
     PIPELINES[_mode] = PREPARE + ORACLE[_mode] + _AFTER_AUTODIFF[_second]
 
 
+def save_writers(mode: str) -> list[tuple[str, int]]:
+    """For each autodiff-backward of ``mode``: the mode whose program stacks the values it reads,
+    and the autodiff's level (1 for the first): "backward" reads what "forward" saves;
+    "backward.backward" reads what "forward" and "backward.forward" save."""
+    parts = mode.split(".")
+    return [(".".join(parts[:k] + ["forward"]), k + 1)
+            for k, part in enumerate(parts) if part == "backward"]
+
+
 def pipeline(mode: str, masked: bool = False, optimize: bool = True) -> tuple[str, ...]:
     """The pass names run for ``mode``; variable lengths put mask-lengths first.
 
@@ -96,3 +107,31 @@ def run(program: Program, names: Iterable[str], callback: Callback | None = None
         if callback is not None:
             callback(name, program, seconds)
     return program
+
+
+_CACHE: OrderedDict[tuple, Program] = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+CACHE_SIZE = 128  # programs kept, least recently used first out
+
+
+def run_cached(identity: str, program: Program, names: tuple[str, ...]) -> Program:
+    """``program`` after the passes ``names``, shared by every program of the same
+    :meth:`~rnnc.ir.Program.fingerprint` ``identity`` (passes are pure and deterministic, and
+    nothing mutates an optimized program)."""
+    key = (identity, program.dtype, names)
+    with _CACHE_LOCK:
+        if key in _CACHE:
+            _CACHE.move_to_end(key)
+            return _CACHE[key]
+    result = run(program, names)
+    with _CACHE_LOCK:
+        _CACHE[key] = result
+        while len(_CACHE) > CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return result
+
+
+def clear_cache() -> None:
+    """Forget every program :func:`run_cached` kept."""
+    with _CACHE_LOCK:
+        _CACHE.clear()

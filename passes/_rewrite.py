@@ -16,23 +16,11 @@ def copy_node(dst: Graph, src: Graph, nid: int, inputs: Iterable[int], origin: s
 
 
 def env_names(p: Program) -> set[str]:
-    """Every name the program's environment can hold."""
-    s = p.scan
-    names = set(p.args) | set(p.pre.outputs) | set(p.post.outputs)
-    names |= set(s.stacked) | set(s.summed) | {c.name for c in s.carries}
-    names |= {c.final for c in s.carries if c.final} | set(s.body.args())
+    """Every name the program's environment can hold, and every name a graph reads."""
+    names = set(p.env_types()) | {c.name for c in p.scan.carries}
     for g in p.graphs():
         names |= set(g.args())
     return names
-
-
-def fresh(taken: set[str], prefix: str) -> str:
-    """The first ``prefix.N`` not in ``taken`` (added to it)."""
-    k = 0
-    while f"{prefix}.{k}" in taken:
-        k += 1
-    taken.add(f"{prefix}.{k}")
-    return f"{prefix}.{k}"
 
 
 def arg_of(g: Graph, name: str, shape: tuple, role: str, origin: str) -> int:

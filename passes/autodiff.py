@@ -1,47 +1,114 @@
 """autodiff: reverse-mode differentiation of the scan body, with a save plan.
 
-``autodiff-forward`` turns a program into its training forward: the same loop, stacking every
-per-step value the backward needs as ``save.N``. ``autodiff-backward`` turns it into the
-backward program: a scan in the opposite direction whose carries are the cotangents of the
-states, whose per-step inputs are the saved values and the output cotangents ``d.<output>``,
-and whose outputs are ``grad.<input>`` (stacked), ``grad.<param>`` (summed over steps) and
-``grad.<state>`` (the final carries: cotangents of the initial states).
-
+``autodiff-forward`` turns a program into its training forward: the same loop, also stacking
+every per-step value the backward reads as ``save.N``. ``autodiff-backward`` turns it into the
+backward program: a scan in the opposite direction carrying the states' cotangents (``d.h``,
+from ``d.h.final``), reading saved values, inputs and output cotangents (``d.y``) per step, and
+returning ``grad.<input>`` (stacked), ``grad.<param>`` (summed over the steps) and
+``grad.<state>`` (the last carries). VJPs are rnnc ops: the later passes optimize the result.
 Save plan: a value a VJP rule reads is taken from where it already lives (an input sequence, a
 parameter, the mask), recomputed when it depends on parameters only, and saved otherwise, so
-backward never recomputes a forward matmul. Before (one step of ``h' = tanh(x@W + h@U)``)::
+backward never recomputes a forward matmul.
 
-    %0 = matmul(x, W); %1 = matmul(h, U); %2 = add(%0, %1); %3 = tanh(%2)
-    yield h=%3, y=%3
+Example (``tests/passes/test_pass_examples.py`` checks the listings)::
 
-after, forward stacks ``save.0 = %3`` and ``save.1 = h``; backward (reverse, carry d.h)::
+    c = rnnc.Cell("elman")
+    x, h = c.input("x", 2), c.state("h", 2)
+    W, U = c.param("W", (2, 2)), c.param("U", (2, 2))
+    new = rnnc.tanh(x @ W + h @ U)
+    c.update(h=new)
+    c.output("y", new)
 
-    %0 = add(d.h, d.y); %1 = mul(save.0, save.0); %2 = sub(1.0, %1); %3 = mul(%0, %2)
-    %4 = matmul[transpose_b](%3, U); %5 = matmul[transpose_a](save.1, %3)
-    %6 = matmul[transpose_b](%3, W); %7 = matmul[transpose_a](x, %3)
-    yield d.h=%4, grad.U=%5, grad.x=%6, grad.W=%7
+Before, in both modes (after fuse-gate-matmuls)::
+
+    program elman forward: after fuse-gate-matmuls (f32) {
+      inputs: x: f32[T,B,2]
+      states: h: f32[B,2]
+      params: W: f32[2,2], U: f32[2,2]
+      scan forward seqs(x) consts(W, U) carries(h=h->h.final) stacked(y) {
+        %0: f32[B,2] = matmul(x, W)
+        %1: f32[B,2] = matmul(h, U)
+        %2: f32[B,2] = add(%0, %1)
+        %3: f32[B,2] = tanh(%2)
+        yield h=%3, y=%3
+      }
+      results: y, h.final
+    }
+
+After autodiff-forward: the loop also stacks ``save.0`` (the new state, for ``tanh``'s
+derivative ``1 - y^2``) and ``save.1`` (the old state, for the gradient of ``U``)::
+
+    program elman forward: after autodiff-forward (f32) {
+      inputs: x: f32[T,B,2]
+      states: h: f32[B,2]
+      params: W: f32[2,2], U: f32[2,2]
+      scan forward seqs(x) consts(W, U) carries(h=h->h.final) stacked(y, save.0, save.1) {
+        %0: f32[B,2] = matmul(x, W)
+        %1: f32[B,2] = matmul(h, U)
+        %2: f32[B,2] = add(%0, %1)
+        %3: f32[B,2] = tanh(%2)
+        yield h=%3, y=%3, save.0=%3, save.1=h
+      }
+      results: y, h.final, save.0, save.1
+    }
+
+After autodiff-backward: ``matmul[transpose_b=True](g, U)`` is ``g @ U.T``,
+``matmul[transpose_a=True](a, g)`` is ``a.T @ g``::
+
+    program elman backward: after autodiff-backward (f32) {
+      inputs: x: f32[T,B,2]
+      params: U: f32[2,2], W: f32[2,2]
+      saved: save.0: f32[T,B,2], save.1: f32[T,B,2]
+      cotangents: d.y: f32[T,B,2], d.h.final: f32[B,2]
+      scan reverse seqs(d.y, save.0, save.1, x) consts(U, W) carries(d.h=d.h.final->grad.h)
+          stacked(grad.x) summed(grad.W, grad.U) {
+        %0: f32[B,2] = add(d.h, d.y)  # autodiff
+        %1: f32[] = constant[value=1.0]()  # autodiff
+        %2: f32[B,2] = mul(save.0, save.0)  # autodiff
+        %3: f32[B,2] = sub(%1, %2)  # autodiff
+        %4: f32[B,2] = mul(%0, %3)  # autodiff
+        %5: f32[B,2] = matmul[transpose_b=True](%4, U)  # autodiff
+        %6: f32[2,2] = matmul[transpose_a=True](save.1, %4)  # autodiff
+        %7: f32[B,2] = matmul[transpose_b=True](%4, W)  # autodiff
+        %8: f32[2,2] = matmul[transpose_a=True](x, %4)  # autodiff
+        yield d.h=%5, grad.x=%7, grad.W=%8, grad.U=%6
+      }
+      results: grad.x, grad.W, grad.U, grad.h
+    }
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from rnnc import ops
+from rnnc import names, ops
 from rnnc.errors import RnncValueError
 from rnnc.ir import ARG, Carry, Graph, Program, Scan, Type
+from rnnc.names import Role, cotangent, final_state, gradient
 from rnnc.passes import register
 
 ORIGIN = "autodiff"
 # Arg roles a derivative is taken for: a forward's inputs and parameters and, when the program
 # is itself a backward (a second derivative), its saved values and cotangents too.
-_DIFFERENTIABLE = ("input", "param", "saved", "cotangent")
+_DIFFERENTIABLE = (Role.INPUT, Role.PARAM, Role.SAVED, Role.COTANGENT)
+
+# program.meta[SAVES]: one save plan per autodiff run on the program, in order. A plan is the
+# saved values of one autodiff, ``((name, type as a [T,...] sequence), ...)``: the training
+# forward (autodiff-forward) stacks exactly these, and the backward (autodiff-backward on the
+# same program) reads exactly these, so both programs carry the same plan.
+SAVES = "saves"
+SavePlan = tuple[tuple[str, Type], ...]
+
+
+def save_plans(program: Program) -> tuple[SavePlan, ...]:
+    """The save plans of the autodiff passes that made ``program``, first one first."""
+    return tuple(program.meta.get(SAVES, ()))
 
 
 def _first_free_save(program: Program) -> int:
     """One past the largest ``save.N`` the program already reads, stacks or returns."""
-    names = set(program.args) | set(program.results) | set(program.scan.body.outputs)
-    taken = [int(n[5:]) for n in names if n.startswith("save.") and n[5:].isdigit()]
-    return max(taken, default=-1) + 1
+    return names.next_saved(set(program.args) | set(program.results)
+                            | set(program.scan.body.outputs))
 
 
 @dataclass
@@ -107,8 +174,13 @@ class _Plan:
         if recompute:
             return self.bwd.add(node.op, [self.values[i] for i in node.inputs], node.attrs,
                                 ORIGIN)
-        name = self.saved.setdefault(nid, f"save.{self.first_save + len(self.saved)}")
+        name = self.saved.setdefault(nid, names.saved(self.first_save + len(self.saved)))
         return self.arg(name, node.shape, "seq")
+
+    def save_plan(self, dtype: str) -> SavePlan:
+        """The saved values in order, each with its type as a sequence."""
+        return tuple((name, Type(dtype, ("T",) + self.fwd.node(nid).shape))
+                     for nid, name in self.saved.items())
 
 
 class _Emitter:
@@ -177,14 +249,14 @@ def _backward_body(program: Program) -> tuple[_Plan, dict[str, int]]:
     carry_args = {}
     for c in scan.carries:
         shape = fwd.node(fwd.outputs[c.name]).shape
-        carry_args[c.name] = plan.bwd.arg(f"d.{c.name}", shape, "carry", ORIGIN)
+        carry_args[c.name] = plan.bwd.arg(cotangent(c.name), shape, "carry", ORIGIN)
         accumulate(fwd.outputs[c.name], carry_args[c.name])
     for name in scan.stacked:
         shape = fwd.node(fwd.outputs[name]).shape
-        accumulate(fwd.outputs[name], plan.arg(f"d.{name}", shape, "seq"))
+        accumulate(fwd.outputs[name], plan.arg(cotangent(name), shape, "seq"))
     for name in scan.summed:  # a sum over steps: every step sees the same cotangent
         shape = fwd.node(fwd.outputs[name]).shape
-        accumulate(fwd.outputs[name], plan.arg(f"d.{name}", shape, "const"))
+        accumulate(fwd.outputs[name], plan.arg(cotangent(name), shape, "const"))
 
     for nid in reversed(fwd.topo()):
         node = fwd.node(nid)
@@ -202,10 +274,10 @@ def _backward_body(program: Program) -> tuple[_Plan, dict[str, int]]:
         if ct is None:  # the state never influences anything: its cotangent is zero
             zero = plan.bwd.add(ops.constant, (), {"value": 0.0}, ORIGIN)
             ct = plan.bwd.add(ops.where, (zero, carry_args[c.name], zero), {}, ORIGIN)
-        outputs[f"d.{c.name}"] = ct
+        outputs[cotangent(c.name)] = ct
     for name, nid in args.items():
         if nid in cts and roles[name] != "carry":
-            outputs[f"grad.{name}"] = cts[nid]
+            outputs[gradient(name)] = cts[nid]
     return plan, outputs
 
 
@@ -215,17 +287,49 @@ def _check(program: Program) -> None:
                              "its input must be empty")
 
 
+def _planned(program: Program, plan: _Plan) -> dict:
+    """``program.meta`` with the save plan of this autodiff after those before it."""
+    return {**program.meta, SAVES: save_plans(program) + (plan.save_plan(program.dtype),)}
+
+
 @register("autodiff-forward")
 def autodiff_forward(program: Program) -> Program:
     """The training forward: the same loop, also stacking the values backward reads."""
     _check(program)
     plan, _ = _backward_body(program)
     body = program.scan.body.copy()
-    names = tuple(plan.saved.values())
+    saved = tuple(plan.saved.values())
     for nid, name in plan.saved.items():
         body.outputs[name] = nid
-    scan = replace(program.scan, body=body, stacked=program.scan.stacked + names)
-    return replace(program, scan=scan, results=program.results + names)
+    scan = replace(program.scan, body=body, stacked=program.scan.stacked + saved)
+    return replace(program, scan=scan, results=program.results + saved,
+                   meta=_planned(program, plan))
+
+
+def _backward_args(program: Program, plan: _Plan) -> dict[str, tuple[str, Type]]:
+    """The backward program's args: what it reads of the forward's args, the saved values,
+    the cotangents of the stacked and summed outputs and of the final states."""
+    dtype, body = program.dtype, program.scan.body
+    saved = set(plan.saved.values())
+    args: dict[str, tuple[str, Type]] = {}
+    for name in plan.seqs:
+        if name in program.args:
+            args[name] = program.args[name]
+        else:
+            role = Role.SAVED if name in saved else Role.COTANGENT
+            args[name] = (role, Type(dtype, ("T",) + plan.bwd.node(plan.args[name]).shape))
+    for name in plan.consts:  # a parameter, or the cotangent of a summed output
+        args[name] = program.args.get(name) or (
+            Role.COTANGENT, Type(dtype, plan.bwd.node(plan.args[name]).shape))
+    for c in program.scan.carries:
+        args[_final_cotangent(c)] = (Role.COTANGENT,
+                                     Type(dtype, body.node(body.outputs[c.name]).shape))
+    return args
+
+
+def _final_cotangent(c: Carry) -> str:
+    """The cotangent of the carry's final value: where the backward carry starts."""
+    return cotangent(c.final or final_state(c.name))
 
 
 @register("autodiff-backward")
@@ -235,28 +339,43 @@ def autodiff_backward(program: Program) -> Program:
     scan = program.scan
     plan, outputs = _backward_body(program)
     plan.bwd.outputs = outputs
-    fwd = scan.body
-    dtype = program.dtype
-    args: dict[str, tuple[str, Type]] = {}
-    for name in plan.seqs:
-        if name in program.args:
-            args[name] = program.args[name]
-        else:
-            role = "cotangent" if name.startswith("d.") else "saved"
-            args[name] = (role, Type(dtype, ("T",) + plan.bwd.node(plan.args[name]).shape))
-    for name in plan.consts:  # a parameter, or the cotangent of a summed output
-        args[name] = program.args.get(name) or (
-            "cotangent", Type(dtype, plan.bwd.node(plan.args[name]).shape))
-    carries = []
-    for c in scan.carries:
-        init = f"d.{c.final}" if c.final else f"d.{c.name}.final"
-        args[init] = ("cotangent", Type(dtype, fwd.node(fwd.outputs[c.name]).shape))
-        carries.append(Carry(f"d.{c.name}", init, f"grad.{c.init}"))
-    stacked = tuple(n for n in outputs if n.startswith("grad.") and n[5:] in scan.seqs)
-    summed = tuple(n for n in outputs if n.startswith("grad.") and n[5:] in scan.consts)
-    bscan = Scan(plan.bwd, seqs=tuple(plan.seqs), consts=tuple(plan.consts),
-                 carries=tuple(carries), stacked=stacked, summed=summed,
-                 reverse=not scan.reverse)
+    carries = tuple(Carry(cotangent(c.name), _final_cotangent(c), gradient(c.init))
+                    for c in scan.carries)
+    of_seqs = {gradient(n) for n in scan.seqs}
+    of_consts = {gradient(n) for n in scan.consts}
+    stacked = tuple(n for n in outputs if n in of_seqs)
+    summed = tuple(n for n in outputs if n in of_consts)
+    bscan = Scan(plan.bwd, seqs=tuple(plan.seqs), consts=tuple(plan.consts), carries=carries,
+                 stacked=stacked, summed=summed, reverse=not scan.reverse)
     results = stacked + summed + tuple(c.final for c in carries)
-    return replace(program, args=args, pre=Graph(dtype), scan=bscan, post=Graph(dtype),
-                   results=results)
+    dtype = program.dtype
+    return replace(program, args=_backward_args(program, plan), pre=Graph(dtype), scan=bscan,
+                   post=Graph(dtype), results=results, meta=_planned(program, plan))
+
+
+def check_save_plans(writer: Program, writer_mode: str, reader: Program, reader_mode: str,
+                     level: int) -> None:
+    """Raise RuntimeError unless ``writer`` stacks exactly the values ``reader`` reads: the
+    save plans of their first ``level`` autodiff passes agree, the writer returns each saved
+    value with its planned type, and (where ``level`` is the reader's last autodiff) the reader
+    takes each one as a saved arg of that type."""
+    ours, theirs = save_plans(writer)[:level], save_plans(reader)[:level]
+    fault = None
+    if len(ours) < level or ours != theirs:
+        fault = f"the save plans differ: {_plans_text(ours)} against {_plans_text(theirs)}"
+    else:
+        stacked = writer.env_types()
+        for name, ty in ours[-1]:
+            if name not in writer.results or stacked.get(name) != ty:
+                fault = f"{writer_mode!r} does not return {name} as {ty}"
+            elif level == len(save_plans(reader)) and reader.args.get(name) != (Role.SAVED, ty):
+                fault = f"{reader_mode!r} does not read {name} as a saved {ty}"
+            if fault:
+                break
+    if fault:
+        raise RuntimeError(f"rnnc internal error: {reader_mode!r} must read what {writer_mode!r} "
+                           f"saves, but {fault}. Please report this with the cell's code.")
+
+
+def _plans_text(plans: tuple) -> str:
+    return "; ".join(", ".join(f"{n}: {t}" for n, t in plan) for plan in plans) or "none"

@@ -1,19 +1,55 @@
 """canonicalize: CSE, DCE, constant folding, algebraic identities and bias reassociation.
 
-Sums of several terms are rebuilt so that each matmul gets its own bias add, which is what
-lets gate fusion fold the biases per side and hoisting move ``x@W + b`` out of the loop::
+Equal nodes merge, dead ones go, ops on scalar constants fold, and ``a*1``, ``a+0``, ``a-0``,
+``a/1``, ``--a`` and ``1-(1-a)`` simplify. Sums of several terms are rebuilt so that each matmul
+gets its own bias add, which is what lets gate fusion fold the biases per side and hoisting move
+``x@W + b`` out of the loop. The rewrites repeat until none applies, so a second run changes
+nothing.
 
-    before                                  after
-    %0 = matmul(x, W_i)                     %0 = matmul(x, W_i)
-    %1 = add(%0, b_i)                       %1 = add(%0, b_i)
-    %2 = matmul(h, U_i)                     %2 = matmul(h, U_i)
-    %3 = add(%1, %2)                        %3 = add(%2, b_h)
-    %4 = add(%3, b_h)                       %4 = add(%1, %3)
-    %5 = constant[value=1.0]()              %5 = tanh(%4)
-    %6 = mul(%4, %5)
-    %7 = tanh(%6)
+Example (``tests/passes/test_pass_examples.py`` checks the listings)::
 
-The pass repeats its rewrites until nothing changes, so running it twice changes nothing.
+    c = rnnc.Cell("untidy")
+    x, h = c.input("x", 2), c.state("h", 2)
+    W, b = c.param("W", (2, 2)), c.param("b", (2,))
+    new = rnnc.tanh(x @ W + h * 1.0 + b)
+    c.update(h=new)
+    c.output("y", -(-new))
+
+As traced::
+
+    program untidy inference: traced (f32) {
+      inputs: x: f32[T,B,2]
+      states: h: f32[B,2]
+      params: W: f32[2,2], b: f32[2]
+      scan forward seqs(x) consts(W, b) carries(h=h->h.final) stacked(y) {
+        %0: f32[B,2] = matmul(x, W)
+        %1: f32[] = constant[value=1.0]()
+        %2: f32[B,2] = mul(h, %1)
+        %3: f32[B,2] = add(%0, %2)
+        %4: f32[B,2] = add(%3, b)
+        %5: f32[B,2] = tanh(%4)
+        %6: f32[B,2] = neg(%5)
+        %7: f32[B,2] = neg(%6)
+        yield h=%5, y=%7
+      }
+      results: y, h.final
+    }
+
+After: no ``* 1.0``, no negations, and ``b`` added to the matmul before ``h`` is::
+
+    program untidy inference: after canonicalize (f32) {
+      inputs: x: f32[T,B,2]
+      states: h: f32[B,2]
+      params: W: f32[2,2], b: f32[2]
+      scan forward seqs(x) consts(W, b) carries(h=h->h.final) stacked(y) {
+        %0: f32[B,2] = matmul(x, W)
+        %1: f32[B,2] = add(%0, b)  # canonicalize
+        %2: f32[B,2] = add(%1, h)  # canonicalize
+        %3: f32[B,2] = tanh(%2)
+        yield h=%3, y=%3
+      }
+      results: y, h.final
+    }
 """
 
 from __future__ import annotations

@@ -1,19 +1,73 @@
 """fuse-elementwise: each convex region of elementwise and layout ops in the loop becomes one node.
 
-Matmuls and reductions are boundaries. A region holds the fusible nodes that lie after the same
-number of boundaries on their longest path from the loop's inputs; no path can leave such a
-region and re-enter it, because passing a boundary raises that number. Constants are copied
-into every region that reads them::
+Matmuls, reductions and other non-fusible ops are boundaries. A region holds the fusible nodes
+at the same level, the number of boundaries before them, taken as late as their users allow (a
+slice of a loop input joins the gate math that reads it); no path can leave a region and
+re-enter it, because passing a boundary raises the level. Constants are copied into every
+region that reads them. A region's operands print as ``in0, in1, ...`` and its results as
+``out0, ...``; the loop reads result ``k`` of the fused node ``%N`` as ``%N[k]``.
 
-    before                                  after
-    %0 = matmul(h, U)                       %0 = matmul(h, U)
-    %1 = add(hoist.0, %0)                   %1 = fused(hoist.0, %0) {
-    %2 = tanh(%1)                             %0 = add($0, $1)
-    yield h=%2, y=%2                          %1 = tanh(%0)
-                                              yield out0=%1
-                                            }
-                                            %2 = %1[0]
-                                            yield h=%2, y=%2
+Example (``tests/passes/test_pass_examples.py`` checks the listings)::
+
+    c = rnnc.Cell("gated")
+    x, h = c.input("x", 2), c.state("h", 2)
+    W, U, V = c.param("W", (2, 2)), c.param("U", (2, 2)), c.param("V", (2, 2))
+    f = rnnc.sigmoid(x @ W + h @ U)
+    new = rnnc.tanh((f * h) @ V)
+    c.update(h=new)
+    c.output("y", new)
+
+Before (after hoist-sequence)::
+
+    program gated inference: after hoist-sequence (f32) {
+      inputs: x: f32[T,B,2]
+      states: h: f32[B,2]
+      params: W: f32[2,2], U: f32[2,2], V: f32[2,2]
+      pre {
+        %0: f32[T,B,2] = matmul(x, W)  # hoist-sequence
+        yield hoist.0=%0
+      }
+      scan forward seqs(hoist.0) consts(U, V) carries(h=h->h.final) stacked(y) {
+        %0: f32[B,2] = matmul(h, U)
+        %1: f32[B,2] = add(hoist.0, %0)
+        %2: f32[B,2] = sigmoid(%1)
+        %3: f32[B,2] = mul(%2, h)
+        %4: f32[B,2] = matmul(%3, V)
+        %5: f32[B,2] = tanh(%4)
+        yield h=%5, y=%5
+      }
+      results: y, h.final
+    }
+
+After: two regions, one on each side of the matmul by ``V``::
+
+    program gated inference: after fuse-elementwise (f32) {
+      inputs: x: f32[T,B,2]
+      states: h: f32[B,2]
+      params: W: f32[2,2], U: f32[2,2], V: f32[2,2]
+      pre {
+        %0: f32[T,B,2] = matmul(x, W)  # hoist-sequence
+        yield hoist.0=%0
+      }
+      scan forward seqs(hoist.0) consts(U, V) carries(h=h->h.final) stacked(y) {
+        %0: f32[B,2] = matmul(h, U)
+        %1: (f32[B,2]) = fused(hoist.0, %0, h) {  # fuse-elementwise
+          %0: f32[B,2] = add(in0, in1)  # fuse-elementwise
+          %1: f32[B,2] = sigmoid(%0)  # fuse-elementwise
+          %2: f32[B,2] = mul(%1, in2)  # fuse-elementwise
+          yield out0=%2
+        }
+        %2: f32[B,2] = %1[0]  # fuse-elementwise
+        %3: f32[B,2] = matmul(%2, V)
+        %4: (f32[B,2]) = fused(%3) {  # fuse-elementwise
+          %0: f32[B,2] = tanh(in0)  # fuse-elementwise
+          yield out0=%0
+        }
+        %5: f32[B,2] = %4[0]  # fuse-elementwise
+        yield h=%5, y=%5
+      }
+      results: y, h.final
+    }
 """
 
 from __future__ import annotations
@@ -22,6 +76,7 @@ from dataclasses import replace
 
 from rnnc import ops
 from rnnc.ir import ARG, Graph, Program
+from rnnc.names import region_input, region_output
 from rnnc.passes import register
 from rnnc.passes._rewrite import copy_node
 
@@ -76,13 +131,14 @@ def _fuse(body: Graph, members: list[int]) -> None:
                 if inner.op is ops.constant:
                     local[i] = region.add(ops.constant, (), dict(inner.attrs), origin=ORIGIN)
                 else:
-                    local[i] = region.arg(f"in{len(inputs)}", inner.shape, "fused", ORIGIN)
+                    local[i] = region.arg(region_input(len(inputs)), inner.shape, "fused",
+                                          ORIGIN)
                     inputs.append(i)
             ins.append(local[i])
         local[nid] = copy_node(region, body, nid, ins, ORIGIN)
     outs = set(body.outputs.values())
     results = [n for n in members if n in outs or any(u not in inside for u in body.users(n))]
-    region.outputs = {f"out{k}": local[n] for k, n in enumerate(results)}
+    region.outputs = {region_output(k): local[n] for k, n in enumerate(results)}
     fused = body.add_fused(region, inputs, ORIGIN)
     for k, n in enumerate(results):
         body.replace_all_uses(n, body.get(fused, k, ORIGIN))

@@ -2,14 +2,60 @@
 
 The member parameters are replaced by one packed parameter block (named by joining the member
 names with "|"), laid out row-major ``(K, sum N)`` so each member is a column slice of the flat
-buffer; ``program.meta["layout"]`` records every block. A bias add on every member folds into
-one add of a packed bias block::
+buffer; ``program.meta["layout"]`` records every block. When each member matmul's only use is
+an add of its own bias vector, the biases fold into one add of a packed bias block, and the
+slices are taken after it.
 
-    before                                  after
-    %0 = matmul(x, W_i)                     %0 = matmul(x, W_i|W_f)
-    %1 = add(%0, b_i)                       %1 = add(%0, b_i|b_f)
-    %2 = matmul(x, W_f)                     %2 = slice[start=0, stop=4](%1)
-    %3 = add(%2, b_f)                       %3 = slice[start=4, stop=8](%1)
+Example (``tests/passes/test_pass_examples.py`` checks the listings)::
+
+    c = rnnc.Cell("gates")
+    x, h = c.input("x", 2), c.state("h", 2)
+    Wz, Wn = c.param("Wz", (2, 2)), c.param("Wn", (2, 2))
+    bz, bn = c.param("bz", (2,)), c.param("bn", (2,))
+    z = rnnc.sigmoid(x @ Wz + bz)
+    new = z * h + rnnc.tanh(x @ Wn + bn)
+    c.update(h=new)
+    c.output("y", new)
+
+Before (after canonicalize): two matmuls of ``x``, each with its bias::
+
+    program gates inference: after canonicalize (f32) {
+      inputs: x: f32[T,B,2]
+      states: h: f32[B,2]
+      params: Wz: f32[2,2], Wn: f32[2,2], bz: f32[2], bn: f32[2]
+      scan forward seqs(x) consts(Wz, Wn, bz, bn) carries(h=h->h.final) stacked(y) {
+        %0: f32[B,2] = matmul(x, Wz)
+        %1: f32[B,2] = add(%0, bz)
+        %2: f32[B,2] = sigmoid(%1)
+        %3: f32[B,2] = mul(%2, h)
+        %4: f32[B,2] = matmul(x, Wn)
+        %5: f32[B,2] = add(%4, bn)
+        %6: f32[B,2] = tanh(%5)
+        %7: f32[B,2] = add(%3, %6)
+        yield h=%7, y=%7
+      }
+      results: y, h.final
+    }
+
+After: one matmul by ``Wz|Wn`` and one add of ``bz|bn``, then a slice per gate::
+
+    program gates inference: after fuse-gate-matmuls (f32) {
+      inputs: x: f32[T,B,2]
+      states: h: f32[B,2]
+      params: Wz|Wn: f32[2,4], bz|bn: f32[4]
+      scan forward seqs(x) consts(Wz|Wn, bz|bn) carries(h=h->h.final) stacked(y) {
+        %0: f32[B,4] = matmul(x, Wz|Wn)  # fuse-gate-matmuls
+        %1: f32[B,4] = add(%0, bz|bn)  # fuse-gate-matmuls
+        %2: f32[B,2] = slice[start=0, stop=2](%1)  # fuse-gate-matmuls
+        %3: f32[B,2] = sigmoid(%2)
+        %4: f32[B,2] = mul(%3, h)
+        %5: f32[B,2] = slice[start=2, stop=4](%1)  # fuse-gate-matmuls
+        %6: f32[B,2] = tanh(%5)
+        %7: f32[B,2] = add(%4, %6)
+        yield h=%7, y=%7
+      }
+      results: y, h.final
+    }
 """
 
 from __future__ import annotations
@@ -19,13 +65,14 @@ from dataclasses import replace
 from rnnc import ops
 from rnnc.ir import ARG, Graph, Program, Type
 from rnnc.layout import Block
+from rnnc.names import Role, packed
 from rnnc.passes import register
 
 ORIGIN = "fuse-gate-matmuls"
 
 
 def _params(p: Program) -> dict[str, tuple]:
-    return {n: t.shape for n, (r, t) in p.args.items() if r == "param"}
+    return {n: t.shape for n, (r, t) in p.args.items() if r == Role.PARAM}
 
 
 def _current_layout(p: Program) -> dict[str, Block]:
@@ -83,14 +130,15 @@ def _read_members(g: Graph, offsets: dict[str, tuple[str, int, int]],
         g.remove(args[name])
 
 
-@register("fuse-gate-matmuls")
-def fuse_gate_matmuls(program: Program) -> Program:
-    """Pack the parameters of matmuls sharing a left operand into one block."""
-    params = _params(program)
-    body = program.scan.body.copy()
-    blocks = _current_layout(program)
+# One group of matmuls to pack: (shared left operand, member matmuls, their parameters, and
+# per member (bias add, bias name) when every member's only use is a bias add, else empty).
+_Group = tuple[int, list[int], list[str], list[tuple[int, str]]]
+
+
+def _plan(program: Program, body: Graph, params: dict[str, tuple]) -> list[_Group]:
+    """The groups of matmuls to pack, each parameter in one group at most."""
     merged: set[str] = set()  # parameters already in a block
-    plans = []
+    groups = []
     for left, mms in _groups(program):
         names: list[str] = []
         members = []
@@ -111,20 +159,23 @@ def fuse_gate_matmuls(program: Program) -> Program:
                        for b, n in zip(bias_names, names, strict=True)):
             biases = []
         merged.update(names + [b[1] for b in biases])
-        plans.append((left, members, names, biases))
-    if not plans:
-        return program
+        groups.append((left, members, names, biases))
+    return groups
 
+
+def _pack(body: Graph, groups: list[_Group], params: dict[str, tuple]) -> dict[str, tuple]:
+    """Replace each group by one matmul (and bias add) of packed blocks and a slice per
+    member; return each block's members."""
     new_args: dict[str, tuple] = {}
-    for left, members, names, biases in plans:
-        wname = "|".join(names)
+    for left, members, names, biases in groups:
+        wname = packed(names)
         new_args[wname] = tuple(names)
         warg = body.arg(wname, (params[names[0]][0], sum(params[n][1] for n in names)),
                         "const", ORIGIN)
         out = body.add(ops.matmul, (left, warg), origin=ORIGIN)
         if biases:
             bnames = [b[1] for b in biases]
-            bname = "|".join(bnames)
+            bname = packed(bnames)
             new_args[bname] = tuple(bnames)
             barg = body.arg(bname, (sum(params[b][0] for b in bnames),), "const", ORIGIN)
             out = body.add(ops.add, (out, barg), origin=ORIGIN)
@@ -134,39 +185,43 @@ def fuse_gate_matmuls(program: Program) -> Program:
             piece = body.add(ops.slice_, (out,), {"start": start, "stop": stop}, origin=ORIGIN)
             body.replace_all_uses(biases[k][0] if biases else mm, piece)
             start = stop
+    return new_args
 
-    # Any other use of a member parameter reads its columns of the block.
+
+def _offsets(new_args: dict[str, tuple], params: dict[str, tuple]
+             ) -> dict[str, tuple[str, int, int]]:
+    """Member parameter -> (its block, first column, one past its last column)."""
     offsets: dict[str, tuple[str, int, int]] = {}
     for block, member_names in new_args.items():
         start = 0
         for n in member_names:
             offsets[n] = (block, start, start + params[n][-1])
             start += params[n][-1]
-    pre, post = program.pre.copy(), program.post.copy()
-    for g in (body, pre, post):
-        _read_members(g, offsets, new_args, params)
-    for n in sorted(body.dead_code(keep_args=True)):
-        body.remove(n)
+    return offsets
 
-    dtype = program.dtype
+
+def _packed_args(program: Program, body: Graph, offsets: dict[str, tuple[str, int, int]],
+                 new_args: dict[str, tuple]) -> dict[str, tuple]:
+    """The program's args with each block in place of its first member, the others gone."""
     prog_args: dict[str, tuple] = {}
-    consts: list[str] = []
-    layout: list[Block] = []
     for name, (role, ty) in program.args.items():
         target = offsets[name][0] if name in offsets else name
         if target in prog_args:
             continue
         if target in new_args:
             shape = body.node(body.args()[target]).shape
-            prog_args[target] = ("param", Type(dtype, shape))
+            prog_args[target] = (Role.PARAM, Type(program.dtype, shape))
         else:
             prog_args[target] = (role, ty)
-    for name in program.scan.consts:
-        target = offsets[name][0] if name in offsets else name
-        if target not in consts:
-            consts.append(target)
-    for name in prog_args:
-        if prog_args[name][0] != "param":
+    return prog_args
+
+
+def _layout(prog_args: dict[str, tuple], new_args: dict[str, tuple], blocks: dict[str, Block],
+            params: dict[str, tuple]) -> tuple[Block, ...]:
+    """The parameter blocks of the packed program, each with the user parameters it holds."""
+    layout: list[Block] = []
+    for name, (role, ty) in prog_args.items():
+        if role != Role.PARAM:
             continue
         if name in new_args:
             cols, col = [], 0
@@ -174,9 +229,35 @@ def fuse_gate_matmuls(program: Program) -> Program:
                 for user, a, b in blocks[member].members:
                     cols.append((user, col + a, col + b))
                 col += params[member][-1]
-            layout.append(Block(name, tuple(prog_args[name][1].shape), tuple(cols)))
+            layout.append(Block(name, tuple(ty.shape), tuple(cols)))
         else:
             layout.append(blocks[name])
+    return tuple(layout)
+
+
+@register("fuse-gate-matmuls")
+def fuse_gate_matmuls(program: Program) -> Program:
+    """Pack the parameters of matmuls sharing a left operand into one block."""
+    params = _params(program)
+    body = program.scan.body.copy()
+    groups = _plan(program, body, params)
+    if not groups:
+        return program
+    new_args = _pack(body, groups, params)
+    # Any other use of a member parameter reads its columns of the block.
+    offsets = _offsets(new_args, params)
+    pre, post = program.pre.copy(), program.post.copy()
+    for g in (body, pre, post):
+        _read_members(g, offsets, new_args, params)
+    for n in sorted(body.dead_code(keep_args=True)):
+        body.remove(n)
+    prog_args = _packed_args(program, body, offsets, new_args)
+    consts: list[str] = []
+    for name in program.scan.consts:
+        target = offsets[name][0] if name in offsets else name
+        if target not in consts:
+            consts.append(target)
+    layout = _layout(prog_args, new_args, _current_layout(program), params)
     scan = replace(program.scan, body=body, consts=tuple(consts))
     return replace(program, args=prog_args, scan=scan, pre=pre, post=post,
-                   meta={**program.meta, "layout": tuple(layout)})
+                   meta={**program.meta, "layout": layout})

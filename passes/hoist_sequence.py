@@ -1,20 +1,66 @@
 """hoist-sequence: move work that needs no carried value out of the loop, before or after it.
 
-(a) Every body node that does not depend on a carried value (and is not a sum over the batch
-rows) moves into ``pre``: a per-step value becomes a sequence computed once over all steps (a
-hoisted ``matmul(x, W)`` is one ``(T*B, I) x (I, N)`` GEMM), a parameter-only value a constant.
-(b) Every body node that no carry's next value needs, and whose results only reach stacked or
-summed outputs, moves into ``post`` over the stacked sequences; a summed row contraction
-``matmul[transpose_a](a_t, g_t)`` becomes one ``matmul[transpose_a](A, G)`` over all steps::
+(a) A value that needs no carried value moves into ``pre`` (with what it reads) when it is a
+matmul or feeds one that moves, or when it depends on parameters only: a per-step product
+becomes a sequence computed once over all steps (a hoisted ``matmul(x, W)`` is one
+``(T*B, I) x (I, N)`` GEMM, which the loop reads one step at a time as ``hoist.N``), a
+parameter-only value a loop constant. Other per-step elementwise work, layout ops only the loop
+reads and sums over the batch rows stay: in the loop the first two fuse with the step's other
+elementwise work instead of writing whole sequences and reading them back.
+(b) Work that no carry's next value needs, and whose results only reach stacked or summed
+outputs, moves into ``post`` over the stacked sequences (the loop stacks what it reads as
+``sink.N``); a summed row contraction ``matmul[transpose_a](a_t, g_t)`` becomes one
+``matmul[transpose_a](A, G)`` over all steps.
 
-    before                                      after
-    scan seqs(x) consts(W, U) stacked(dx)       pre { %0 = matmul(x, W); yield hoist.0=%0 }
-         summed(dU) {                           scan seqs(hoist.0) consts(U)
-      %0 = matmul(x, W)                              stacked(sink.0) {
-      %1 = add(%0, h) ...                         %0 = add(hoist.0, h) ...
-      %5 = matmul[transpose_b](g, U)              yield ..., sink.0=g }
-      %6 = matmul[transpose_a](h, g)            post { %0 = matmul[transpose_b](sink.0, U)
-      yield dx=%5, dU=%6                               yield dx=%0, dU=... }
+Example (``tests/passes/test_pass_examples.py`` checks the listings)::
+
+    c = rnnc.Cell("proj")
+    x, h = c.input("x", 2), c.state("h", 2)
+    W, U, V = c.param("W", (2, 2)), c.param("U", (2, 2)), c.param("V", (2, 2))
+    new = rnnc.tanh(x @ W + h @ U)
+    c.update(h=new)
+    c.output("y", new @ V)
+
+Before (after fuse-gate-matmuls)::
+
+    program proj inference: after fuse-gate-matmuls (f32) {
+      inputs: x: f32[T,B,2]
+      states: h: f32[B,2]
+      params: W: f32[2,2], U: f32[2,2], V: f32[2,2]
+      scan forward seqs(x) consts(W, U, V) carries(h=h->h.final) stacked(y) {
+        %0: f32[B,2] = matmul(x, W)
+        %1: f32[B,2] = matmul(h, U)
+        %2: f32[B,2] = add(%0, %1)
+        %3: f32[B,2] = tanh(%2)
+        %4: f32[B,2] = matmul(%3, V)
+        yield h=%3, y=%4
+      }
+      results: y, h.final
+    }
+
+After: ``x @ W`` runs before the loop for all steps (a), ``y = new @ V`` after it over the
+stacked ``new`` (b); one matmul per step is left::
+
+    program proj inference: after hoist-sequence (f32) {
+      inputs: x: f32[T,B,2]
+      states: h: f32[B,2]
+      params: W: f32[2,2], U: f32[2,2], V: f32[2,2]
+      pre {
+        %0: f32[T,B,2] = matmul(x, W)  # hoist-sequence
+        yield hoist.0=%0
+      }
+      scan forward seqs(hoist.0) consts(U, V) carries(h=h->h.final) stacked(sink.0) {
+        %0: f32[B,2] = matmul(h, U)
+        %1: f32[B,2] = add(hoist.0, %0)
+        %2: f32[B,2] = tanh(%1)
+        yield h=%2, sink.0=%2
+      }
+      post {
+        %0: f32[T,B,2] = matmul(sink.0, V)  # hoist-sequence
+        yield y=%0
+      }
+      results: y, h.final
+    }
 """
 
 from __future__ import annotations
@@ -22,27 +68,21 @@ from __future__ import annotations
 from dataclasses import replace
 
 from rnnc import ops
-from rnnc.ir import ARG, FUSED, GET, Graph, Program, Type
+from rnnc.ir import ARG, FUSED, GET, Graph, Program, Scan
+from rnnc.names import fresh, hoisted, sunk
 from rnnc.passes import register
-from rnnc.passes._rewrite import copy_node, env_names, fresh, is_row_contraction, per_step
+from rnnc.passes._rewrite import copy_node, env_names, is_row_contraction, per_step
 
 ORIGIN = "hoist-sequence"
 
 
-def _env_types(p: Program) -> dict[str, Type]:
-    env = {n: t for n, (_, t) in p.args.items()}
-    env.update({n: p.pre.node(o).type for n, o in p.pre.outputs.items()})
-    return env
-
-
-def _hoist(p: Program) -> Program:
-    """Part (a): loop-invariant body nodes move into ``pre``."""
-    s = p.scan
-    body = s.body.copy()
+def _loop_invariant(body: Graph, s: Scan) -> list[int]:
+    """Body nodes that read no carried value, in topological order, each reading only inputs,
+    constants and nodes before it in the list (a row contraction stays in the loop)."""
     args = body.args()
     carried = {args[c.name] for c in s.carries if c.name in args}
     variant = body.depends_on(carried)
-    sources = {args[n] for n in s.seqs if n in args} | {args[n] for n in s.consts if n in args}
+    sources = {args[n] for n in s.seqs + s.consts if n in args}
     movable: list[int] = []
     moving: set[int] = set()
     for node in body.nodes():
@@ -54,6 +94,11 @@ def _hoist(p: Program) -> Program:
         if all(i in moving or body.node(i).op in (ARG, ops.constant) for i in node.inputs):
             movable.append(node.id)
             moving.add(node.id)
+    return movable
+
+
+def _worth_hoisting(body: Graph, movable: list[int]) -> list[int]:
+    """The loop-invariant nodes ``movable`` that cost less before the loop than in it."""
     # Per-step elementwise work is hoisted only when a hoisted GEMM needs it. Elsewhere it
     # costs less in the loop, fused with the step's other elementwise work: hoisted, a bias
     # add after the input projection (`x@W + b`) or backward's `y*(1-y)` on saved values would
@@ -77,12 +122,13 @@ def _hoist(p: Program) -> Program:
         if body.node(nid).op.kind is ops.OpKind.LAYOUT and nid not in body.outputs.values() \
                 and all(u not in moved for u in body.users(nid)):
             moved.discard(nid)
-    movable = [n for n in movable if n in moved]
-    if not movable:
-        return p
-    pre = p.pre.copy()
-    env = _env_types(p)
-    taken = env_names(p)
+    return [n for n in movable if n in moved]
+
+
+def _copy_into_pre(p: Program, body: Graph, pre: Graph, movable: list[int]) -> dict[int, int]:
+    """Copy the body nodes ``movable`` (and the inputs and constants they read) into ``pre``;
+    return body node -> pre node."""
+    env = p.env_types("pre")
     mapping: dict[int, int] = {}
 
     def pre_value(nid: int) -> int:
@@ -104,11 +150,24 @@ def _hoist(p: Program) -> Program:
             mapping[nid] = copy_node(pre, body, nid, [pre_value(i) for i in node.inputs], ORIGIN)
         return mapping[nid]
 
-    seqs, consts = list(s.seqs), list(s.consts)
-    outputs = dict(body.outputs)
-    stacked = list(s.stacked)
     for nid in movable:
         pre_value(nid)
+    return mapping
+
+
+def _hoist(p: Program) -> Program:
+    """Part (a): loop-invariant body nodes move into ``pre``."""
+    s = p.scan
+    body = s.body.copy()
+    movable = _worth_hoisting(body, _loop_invariant(body, s))
+    if not movable:
+        return p
+    pre = p.pre.copy()
+    mapping = _copy_into_pre(p, body, pre, movable)
+    moved = set(movable)
+    taken = env_names(p)
+    seqs, consts, stacked = list(s.seqs), list(s.consts), list(s.stacked)
+    outputs = dict(body.outputs)
     for nid in movable:
         users_left = [u for u in body.users(nid) if u not in moved]
         out_names = [n for n, o in outputs.items() if o == nid]
@@ -123,7 +182,7 @@ def _hoist(p: Program) -> Program:
             del body.outputs[n]
         if not users_left and len(direct) == len(out_names):
             continue
-        name = fresh(taken, "hoist")
+        name = fresh(taken, hoisted)
         pre.outputs[name] = mapping[nid]
         (seqs if is_seq else consts).append(name)
         arg = body.arg(name, body.node(nid).shape, "seq" if is_seq else "const", ORIGIN)
@@ -131,9 +190,8 @@ def _hoist(p: Program) -> Program:
     for n in sorted(body.dead_code(keep_args=False)):
         body.remove(n)
     reads = body.args()
-    seqs = [n for n in seqs if n in reads]
-    consts = [n for n in consts if n in reads]
-    scan = replace(s, body=body, seqs=tuple(seqs), consts=tuple(consts), stacked=tuple(stacked))
+    scan = replace(s, body=body, seqs=tuple(n for n in seqs if n in reads),
+                   consts=tuple(n for n in consts if n in reads), stacked=tuple(stacked))
     return replace(p, pre=pre, scan=scan)
 
 
@@ -200,7 +258,7 @@ def _sink(p: Program) -> Program:
         return p
     post = p.post.copy()
     taken = env_names(p)
-    env = _env_types(p)
+    env = p.env_types("pre")
     carries = {c.name for c in s.carries}
     stacked = list(s.stacked)
     summed = list(s.summed)
@@ -226,7 +284,7 @@ def _sink(p: Program) -> Program:
         else:
             # A value kept in the loop (or a carry's value at the step) is stacked for post.
             if nid not in stacked_name:
-                stacked_name[nid] = fresh(taken, "sink")
+                stacked_name[nid] = fresh(taken, sunk)
                 stacked.append(stacked_name[nid])
                 body.outputs[stacked_name[nid]] = nid
             mapping[nid] = post_arg(stacked_name[nid], ("T",) + node.shape)

@@ -2,18 +2,51 @@
 
 A program arg ``len.mask`` (f[T,B,1], 1.0 while t < length else 0.0; the name has a dot, so no
 user name can take it) becomes a sequence of the scan; a carry keeps its old value and a
-stacked output is zero once a sequence has ended::
+stacked output is zero once a sequence has ended. The pass runs first, and only for calls with
+lengths, so autodiff differentiates the masked step and backward is masked for free.
 
-    before                                  after
-    scan seqs(x) carries(h) stacked(y) {    scan seqs(x, len.mask) carries(h) stacked(y) {
-      %0 = tanh(...)                          %0 = tanh(...)
-      yield h=%0, y=%0                        %1 = where(len.mask, %0, h)
-    }                                         %2 = constant[value=0.0]()
-                                              %3 = where(len.mask, %0, %2)
-                                              yield h=%1, y=%3
-                                            }
+Example (``tests/passes/test_pass_examples.py`` checks the listings)::
 
-It runs first, so autodiff differentiates the masked step and backward is masked for free.
+    c = rnnc.Cell("short")
+    x, h = c.input("x", 2), c.state("h", 2)
+    W = c.param("W", (2, 2))
+    new = rnnc.tanh(x @ W + h)
+    c.update(h=new)
+    c.output("y", new)
+
+As traced::
+
+    program short inference: traced (f32) {
+      inputs: x: f32[T,B,2]
+      states: h: f32[B,2]
+      params: W: f32[2,2]
+      scan forward seqs(x) consts(W) carries(h=h->h.final) stacked(y) {
+        %0: f32[B,2] = matmul(x, W)
+        %1: f32[B,2] = add(%0, h)
+        %2: f32[B,2] = tanh(%1)
+        yield h=%2, y=%2
+      }
+      results: y, h.final
+    }
+
+After: the carry ``h`` keeps its value past the end, and ``y`` is zero there::
+
+    program short inference: after mask-lengths (f32) {
+      inputs: x: f32[T,B,2]
+      states: h: f32[B,2]
+      params: W: f32[2,2]
+      mask: len.mask: f32[T,B,1]
+      scan forward seqs(x, len.mask) consts(W) carries(h=h->h.final) stacked(y) {
+        %0: f32[B,2] = matmul(x, W)
+        %1: f32[B,2] = add(%0, h)
+        %2: f32[B,2] = tanh(%1)
+        %3: f32[B,2] = where(len.mask, %2, h)  # mask-lengths
+        %4: f32[] = constant[value=0.0]()  # mask-lengths
+        %5: f32[B,2] = where(len.mask, %2, %4)  # mask-lengths
+        yield h=%3, y=%5
+      }
+      results: y, h.final
+    }
 """
 
 from __future__ import annotations
@@ -22,7 +55,7 @@ from dataclasses import replace
 
 from rnnc import ops
 from rnnc.ir import Program, Type
-from rnnc.names import MASK
+from rnnc.names import MASK, Role
 from rnnc.passes import register
 from rnnc.passes._rewrite import arg_of
 
@@ -37,8 +70,9 @@ def mask_lengths(program: Program) -> Program:
     s = program.scan
     body = s.body.copy()
     mask = arg_of(body, MASK, ("B", 1), "seq", ORIGIN)
-    env = {n: t for n, (_, t) in program.args.items()}
-    env.update({n: program.pre.node(o).type for n, o in program.pre.outputs.items()})
+    env = program.env_types("pre")
+    # A reverse scan meets a sequence's padding (t >= length) first: holding the carry there
+    # keeps it at its initial value, so each sequence starts at its own last step.
     for c in s.carries:
         old = arg_of(body, c.name, env[c.init].shape, "carry", ORIGIN)
         new = body.add(ops.where, (mask, body.outputs[c.name], old), origin=ORIGIN)
@@ -48,6 +82,6 @@ def mask_lengths(program: Program) -> Program:
         for name in s.stacked:
             body.outputs[name] = body.add(ops.where, (mask, body.outputs[name], zero),
                                           origin=ORIGIN)
-    args = {**program.args, MASK: ("mask", Type(program.dtype, ("T", "B", 1)))}
+    args = {**program.args, MASK: (Role.MASK, Type(program.dtype, ("T", "B", 1)))}
     scan = replace(s, body=body, seqs=s.seqs + (MASK,))
     return replace(program, args=args, scan=scan)

@@ -3,21 +3,7 @@
 from rnnc import cells, printer
 from rnnc.api import Function, Grads, Tape, compile, dump
 from rnnc.composites import hard_sigmoid, layer_norm, softsign
-from rnnc.dsl import (
-    Cell,
-    Value,
-    concat,
-    exp,
-    log,
-    mean,
-    relu,
-    rsqrt,
-    sigmoid,
-    sqrt,
-    sum,
-    tanh,
-    where,
-)
+from rnnc.dsl import FUNCTIONS, Cell, Value
 from rnnc.errors import (
     BackendUnavailable,
     CellError,
@@ -28,6 +14,9 @@ from rnnc.errors import (
     ShapeError,
 )
 from rnnc.layers import RNN
+
+# The DSL functions, one per op a cell calls by name (rnnc.tanh, rnnc.where, rnnc.concat, ...).
+globals().update(FUNCTIONS)
 
 __version__ = "0.1.0"
 
@@ -47,20 +36,10 @@ __all__ = [
     "Value",
     "cells",
     "compile",
-    "concat",
     "dump",
-    "exp",
     "hard_sigmoid",
     "layer_norm",
-    "log",
-    "mean",
     "printer",
-    "relu",
-    "rsqrt",
-    "sigmoid",
     "softsign",
-    "sqrt",
-    "sum",
-    "tanh",
-    "where",
 ]
+__all__ += sorted(FUNCTIONS)

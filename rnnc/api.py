@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -13,12 +12,12 @@ from typing import Any
 import numpy as np
 
 from rnnc import backends, passes, validate
-from rnnc.dsl import Cell, final_name
+from rnnc.dsl import Cell
 from rnnc.errors import RnncTypeError, RnncValueError
-from rnnc.fingerprint import fingerprint
 from rnnc.ir import Program, retype
 from rnnc.layout import Layout
-from rnnc.names import MASK
+from rnnc.names import MASK, cotangent, final_state, gradient
+from rnnc.passes.autodiff import check_save_plans, save_plans
 from rnnc.printer import format_program
 
 NP = {"f32": np.float32, "f64": np.float64}
@@ -51,23 +50,27 @@ class Grads:
 
 
 class Function:
-    """A cell compiled for one backend: inference, training forward and backward."""
+    """A cell compiled for one backend: inference, training forward and backward.
+
+    ``reverse=True`` runs the cell over t = T-1, ..., 0 (see :func:`compile`)."""
 
     def __init__(self, cell: Cell, backend: str = "numpy", *, optimize: bool = True,
-                 check: bool | None = None, **options: Any) -> None:
+                 check: bool | None = None, reverse: bool = False, **options: Any) -> None:
         if not isinstance(cell, Cell):
             raise RnncTypeError(f"compile() takes an rnnc.Cell, got {type(cell).__name__}")
-        if not isinstance(optimize, bool):
-            raise RnncTypeError(f"optimize must be True or False, got {optimize!r}")
+        for flag, value in (("optimize", optimize), ("reverse", reverse)):
+            if not isinstance(value, bool):
+                raise RnncTypeError(f"{flag} must be True or False, got {value!r}")
         if not optimize and backend != "numpy":
             raise RnncValueError(f"optimize=False is the NumPy oracle: it needs backend='numpy', "
                                  f"got backend={backend!r}")
         cell.check()
         self.cell = cell
         self.optimize = optimize
+        self.reverse = reverse
         validate.backend_options(backend, options)
         self.backend = backends.get(backend, **options)
-        self._base = cell.program()
+        self._base = cell.program(reverse=reverse)
         self._programs: dict[tuple[str, str, bool], Program] = {}
         self._runners: dict[tuple[str, str, bool], Any] = {}
         self._lock = threading.Lock()
@@ -75,8 +78,8 @@ class Function:
         self.states = cell.sizes("state")
         self.params = cell.sizes("param")
         self.outputs = tuple(cell.outputs)
-        self._identity = fingerprint(self._base)  # structure with exact constants, not text
-        prepared = _optimized(self._identity, self._base, self._pipeline("prepare", False))
+        self._identity = self._base.fingerprint()  # structure with exact constants, not text
+        prepared = passes.run_cached(self._identity, self._base, self._pipeline("prepare", False))
         self.layout = Layout(
             [b for b in prepared.meta.get("layout", ())] or Layout.identity(self.params).blocks,
             self.params)
@@ -98,8 +101,8 @@ class Function:
             return passes.run(retype(self._base, dtype), self._pipeline(mode, lengths), callback)
         key = (mode, dtype, lengths)
         if key not in self._programs:
-            self._programs[key] = _optimized(self._identity, retype(self._base, dtype),
-                                             self._pipeline(mode, lengths))
+            self._programs[key] = passes.run_cached(self._identity, retype(self._base, dtype),
+                                                    self._pipeline(mode, lengths))
         return self._programs[key]
 
     def _runner(self, mode: str, dtype: str, masked: bool):
@@ -110,9 +113,17 @@ class Function:
         # Built outside the lock, so that a process forked while another thread compiles never
         # inherits it held; two threads racing here build the same code (the backend's code
         # cache makes the second cheap) and the first one stored wins.
-        runner = self.backend.build(self.program(mode, dtype, masked))
+        program = self.program(mode, dtype, masked)
+        for writer, level in passes.save_writers(mode):
+            check_save_plans(self.program(writer, dtype, masked), writer, program, mode, level)
+        runner = self.backend.build(program)
         with self._lock:
             return self._runners.setdefault(key, runner)
+
+    def _saved(self, mode: str, dtype: str, masked: bool) -> tuple[str, ...]:
+        """The names the last autodiff of ``mode`` saves (``mode`` stacks or reads them)."""
+        plans = save_plans(self.program(mode, dtype, masked))
+        return tuple(name for name, _ in plans[-1]) if plans else ()
 
     def ir(self, mode: str = "inference", dtype: str = "f32", lengths: bool = False) -> str:
         """The optimized program for ``mode`` as text."""
@@ -188,7 +199,7 @@ class Function:
 
     def _split(self, res: Mapping[str, np.ndarray]):
         ys = {name: res[name] for name in self.outputs}
-        return ys, {s: res[final_name(s)] for s in self.states}
+        return ys, {s: res[final_state(s)] for s in self.states}
 
     def _empty(self, env, dtype, B):
         ys = {n: np.zeros((0, B, self._output_sizes[n]),
@@ -211,9 +222,7 @@ class Function:
             return ys, st, Tape(self, dtype, 0, B, env, lens)
         res = self._runner("forward", dtype, lens is not None)(env, {"T": T, "B": B})
         ys, st = self._split(res)
-        program = self.program("forward", dtype, lens is not None)
-        saved = {n: res[n] for n in program.results if n not in ys and n not in
-                 {final_name(s) for s in self.states}}
+        saved = {n: res[n] for n in self._saved("forward", dtype, lens is not None)}
         for arr in saved.values():  # backward may run many times: nothing may change them
             arr.flags.writeable = False
         env.update(saved)
@@ -227,33 +236,44 @@ class Function:
                                 f"{type(tape).__name__}")
         if tape.owner is not self:
             raise RnncValueError("this tape was recorded by another compiled function")
-        dtype, T, B = tape.dtype, tape.T, tape.B
-        out_shapes = {n: ("T", "B", self._output_sizes[n])
-                      for n in self.outputs}
-        d_out = _cotangents("output gradient", out_shapes, d_outputs, dtype, T, B)
-        d_st = _cotangents("state gradient", self.states, d_states, dtype, T, B)
-        if T == 0:
+        d_out, d_st = self._upstream(tape, d_outputs, d_states)
+        if tape.T == 0:
             return self._zero_grads(tape, d_st)
-        env = dict(tape.env)
-        env.update({f"d.{n}": v for n, v in d_out.items()})
-        env.update({f"d.{final_name(n)}": v for n, v in d_st.items()})
-        res = self._runner("backward", dtype, tape.lengths is not None)(env, {"T": T, "B": B})
-        # A parameter or input the outputs do not depend on has no gradient node: zero.
-        flat = np.zeros(self.layout.size, NP[dtype])
+        env = {**tape.env, **_cotangent_env(d_out, d_st)}
+        res = self._runner("backward", tape.dtype, tape.lengths is not None)(
+            env, {"T": tape.T, "B": tape.B})
+        return self._grads(tape, (res,), res)
+
+    def _upstream(self, tape: Tape, d_outputs: Any, d_states: Any
+                  ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The cotangents of the outputs and of the final states (omitted ones zero)."""
+        out_shapes = {n: ("T", "B", self._output_sizes[n]) for n in self.outputs}
+        args = (tape.dtype, tape.T, tape.B)
+        return (_cotangents("output gradient", out_shapes, d_outputs, *args),
+                _cotangents("state gradient", self.states, d_states, *args))
+
+    def _grads(self, tape: Tape, results: tuple[Mapping[str, np.ndarray], ...],
+               states: Mapping[str, np.ndarray]) -> Grads:
+        """Grads summed over backward ``results``: a parameter or input the outputs do not
+        depend on has no gradient in any of them, so it is zero; ``states`` holds those of the
+        initial states."""
+        dt = NP[tape.dtype]
+        flat = np.zeros(self.layout.size, dt)
         for name, view in self.layout.block_views(flat).items():
-            if f"grad.{name}" in res:
-                view[...] = res[f"grad.{name}"]
-        gx = {n: res.get(f"grad.{n}", np.zeros((T, B, s[-1]), NP[dtype]))
-              for n, s in self.inputs.items()}
-        return Grads(gx if len(gx) > 1 else next(iter(gx.values())),
-                     self.layout.unpack(flat), {s: res[f"grad.{s}"] for s in self.states}, flat)
+            for res in results:
+                if gradient(name) in res:
+                    view += res[gradient(name)]
+        gx = {}
+        for n, s in self.inputs.items():
+            terms = [r[gradient(n)] for r in results if gradient(n) in r]
+            gx[n] = terms[0] if len(terms) == 1 else \
+                sum(terms, np.zeros((tape.T, tape.B, s[-1]), dt))
+        return Grads(gx if len(gx) > 1 else next(iter(gx.values())), self.layout.unpack(flat),
+                     {s: states[gradient(s)] for s in self.states}, flat)
 
     def _zero_grads(self, tape: Tape, d_st: dict[str, np.ndarray]) -> Grads:
-        dt = NP[tape.dtype]
-        gx = {n: np.zeros((0, tape.B, s[-1]), dt) for n, s in self.inputs.items()}
-        flat = np.zeros(self.layout.size, dt)
-        return Grads(gx if len(gx) > 1 else next(iter(gx.values())), self.layout.unpack(flat),
-                     {s: d_st[s].copy() for s in self.states}, flat)
+        """The gradients of an empty sequence: zero, and the initial states' are ``d_st``."""
+        return self._grads(tape, (), {gradient(s): v.copy() for s, v in d_st.items()})
 
     # -- second order
     def double_backward(self, tape: Tape, d_outputs: Mapping[str, Any] | None,
@@ -274,10 +294,7 @@ class Function:
         if not isinstance(tape, Tape) or tape.owner is not self:
             raise RnncValueError("double_backward() takes a tape from this function's forward()")
         dtype, T, B = tape.dtype, tape.T, tape.B
-        outs = {n: ("T", "B", self._output_sizes[n])
-                for n in self.outputs}
-        d_out = _cotangents("output gradient", outs, d_outputs, dtype, T, B)
-        d_st = _cotangents("state gradient", self.states, d_states, dtype, T, B)
+        d_out, d_st = self._upstream(tape, d_outputs, d_states)
         u_x = _cotangents("input gradient cotangent",
                           {n: ("T", "B", s[-1]) for n, s in self.inputs.items()}, g_x, dtype,
                           T, B)
@@ -288,87 +305,79 @@ class Function:
         if T == 0:  # backward passed d_states through: so does its derivative
             zero = self._zero_grads(tape, {s: np.zeros_like(v) for s, v in d_st.items()})
             return ({n: np.zeros_like(v) for n, v in d_out.items()}, u_st, zero)
-        masked, dims = tape.lengths is not None, {"T": T, "B": B}
-        env = dict(tape.env)
-        env.update({f"d.{n}": v for n, v in d_out.items()})
-        env.update({f"d.{final_name(n)}": v for n, v in d_st.items()})
-        env.update(_saves(self._runner("backward.forward", dtype, masked)(env, dims), env))
-        env.update({f"d.grad.{n}": v for n, v in u_x.items()})
-        env.update({f"d.grad.{n}": v for n, v in u_st.items()})
-        env.update({f"d.grad.{n}": v for n, v in self.layout.block_views(u_flat).items()})
-        direct = self._runner("backward.backward", dtype, masked)(env, dims)
-        # The saved values' cotangents flow back to x, params and states through the forward.
-        env = dict(tape.env)
-        env.update({f"d.{n}": np.zeros_like(v) for n, v in d_out.items()})
-        env.update({f"d.{final_name(n)}": np.zeros_like(v) for n, v in d_st.items()})
-        env.update({f"d.{n}": direct.get(f"grad.{n}", np.zeros_like(v))
-                    for n, v in tape.env.items() if n.startswith("save.")})
-        env.update(_saves(self._runner("forward.forward", dtype, masked)(tape.env, dims), env))
-        through = self._runner("forward.backward", dtype, masked)(env, dims)
-        flat = np.zeros(self.layout.size, NP[dtype])
-        for name, view in self.layout.block_views(flat).items():
-            for res in (direct, through):
-                if f"grad.{name}" in res:
-                    view += res[f"grad.{name}"]
-        gx = {n: sum((r[f"grad.{n}"] for r in (direct, through) if f"grad.{n}" in r),
-                     np.zeros((T, B, s[-1]), NP[dtype])) for n, s in self.inputs.items()}
-        grads = Grads(gx if len(gx) > 1 else next(iter(gx.values())), self.layout.unpack(flat),
-                      {s: through[f"grad.{s}"] for s in self.states}, flat)
-        dd_out = {n: direct.get(f"grad.d.{n}", np.zeros_like(v)) for n, v in d_out.items()}
-        dd_st = {s: direct.get(f"grad.d.{final_name(s)}", np.zeros_like(v))
+        u_params = self.layout.block_views(u_flat)
+        direct = self._backward_of_backward(tape, _cotangent_env(d_out, d_st),
+                                            {**u_x, **u_st, **u_params})
+        through = self._backward_through_saves(tape, d_out, d_st, direct)
+        dd_out = {n: direct.get(gradient(cotangent(n)), np.zeros_like(v))
+                  for n, v in d_out.items()}
+        dd_st = {s: direct.get(gradient(cotangent(final_state(s))), np.zeros_like(v))
                  for s, v in d_st.items()}
-        return dd_out, dd_st, grads
+        return dd_out, dd_st, self._grads(tape, (direct, through), through)
+
+    def _second_order(self, mode: str, tape: Tape, env: dict[str, np.ndarray]
+                      ) -> dict[str, np.ndarray]:
+        """Run the second-order ``mode`` ("a.backward") on ``env`` after "a.forward" has
+        stacked what it reads."""
+        masked, dims = tape.lengths is not None, {"T": tape.T, "B": tape.B}
+        writer = mode.rsplit(".", 1)[0] + ".forward"
+        stacked = self._runner(writer, tape.dtype, masked)(env, dims)
+        env = {**env, **{n: stacked[n] for n in self._saved(writer, tape.dtype, masked)}}
+        return self._runner(mode, tape.dtype, masked)(env, dims)
+
+    def _backward_of_backward(self, tape: Tape, cotangents: dict[str, np.ndarray],
+                              of_grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The backward program's own backward: given the cotangents ``of_grads`` of its
+        results (by the names of what they are gradients of), the gradients of its inputs."""
+        env = {**tape.env, **cotangents}
+        env.update({cotangent(gradient(n)): v for n, v in of_grads.items()})
+        return self._second_order("backward.backward", tape, env)
+
+    def _backward_through_saves(self, tape: Tape, d_out: dict[str, np.ndarray],
+                                d_st: dict[str, np.ndarray], direct: Mapping[str, np.ndarray]
+                                ) -> dict[str, np.ndarray]:
+        """The forward's backward given the cotangents ``direct`` found for its saved values:
+        how they flow back to x, params and states."""
+        zeros = _cotangent_env({n: np.zeros_like(v) for n, v in d_out.items()},
+                               {n: np.zeros_like(v) for n, v in d_st.items()})
+        saved = self._saved("forward", tape.dtype, tape.lengths is not None)
+        env = {**tape.env, **zeros}
+        env.update({cotangent(n): direct.get(gradient(n), np.zeros_like(tape.env[n]))
+                    for n in saved})
+        return self._second_order("forward.backward", tape, env)
 
 
-def _saves(results: Mapping[str, np.ndarray], env: Mapping[str, np.ndarray]
-           ) -> dict[str, np.ndarray]:
-    """The ``save.N`` of a second-order training forward that ``env`` does not hold yet."""
-    return {n: v for n, v in results.items() if n.startswith("save.") and n not in env}
-
-
-_OPTIMIZED: OrderedDict[tuple, Program] = OrderedDict()
-_OPTIMIZED_LOCK = threading.Lock()
-
-
-def _optimized(identity: str, program: Program, names: tuple[str, ...]) -> Program:
-    """``program`` after the passes ``names``, shared by every function of the same traced
-    program, whose :func:`~rnnc.fingerprint.fingerprint` is ``identity`` (passes are pure and
-    deterministic, and nothing mutates an optimized program)."""
-    key = (identity, program.dtype, names)
-    with _OPTIMIZED_LOCK:
-        if key in _OPTIMIZED:
-            _OPTIMIZED.move_to_end(key)
-            return _OPTIMIZED[key]
-    result = passes.run(program, names)
-    with _OPTIMIZED_LOCK:
-        _OPTIMIZED[key] = result
-        while len(_OPTIMIZED) > 128:
-            _OPTIMIZED.popitem(last=False)
-    return result
+def _cotangent_env(d_out: Mapping[str, np.ndarray], d_st: Mapping[str, np.ndarray]
+                   ) -> dict[str, np.ndarray]:
+    """The cotangent inputs of a backward program: ``d.<output>`` and ``d.<state>.final``."""
+    env = {cotangent(n): v for n, v in d_out.items()}
+    env.update({cotangent(final_state(n)): v for n, v in d_st.items()})
+    return env
 
 
 def _cotangents(kind: str, shapes: Mapping[str, tuple], given: Any, dtype: str, T: int, B: int
                 ) -> dict[str, np.ndarray]:
     """Upstream gradients by name; omitted entries are zero."""
-    out = validate.named_arrays(kind, {n: tuple(T if d == "T" else d for d in s)
-                                       for n, s in shapes.items()}, given, dtype, B, False)
-    for name, shape in shapes.items():
-        if name not in out:
-            out[name] = np.zeros(tuple(T if d == "T" else B if d == "B" else d for d in shape),
-                                 NP[dtype])
-    return out
+    concrete = {n: tuple(T if d == "T" else B if d == "B" else d for d in s)
+                for n, s in shapes.items()}
+    out = validate.named_arrays(kind, concrete, given, dtype, B, False)
+    return {n: out[n] if n in out else np.zeros(s, NP[dtype]) for n, s in concrete.items()}
 
 
 def compile(cell: Cell, backend: str = "numpy", *, optimize: bool = True,  # noqa: A001
-            check: bool | None = None, **options: Any) -> Function:
+            check: bool | None = None, reverse: bool = False, **options: Any) -> Function:
     """Compile ``cell`` for ``backend`` ("numpy", "llvm" or "cuda").
 
     ``optimize=False`` (NumPy backend only) interprets the traced program with no optimization
     passes: the oracle that the compiler is tested against. ``check=True`` (or the environment
     variable ``RNNC_CHECK=1``) runs the compiled function once on small random inputs against
     that oracle, inference, training forward and backward, with and without lengths, and raises
-    :class:`rnnc.CheckError` naming the first pass whose output disagrees."""
-    return Function(cell, backend, optimize=optimize, check=check, **options)
+    :class:`rnnc.CheckError` naming the first pass whose output disagrees.
+
+    ``reverse=True`` runs the cell over t = T-1, ..., 0 (a layer's reverse direction), with
+    inputs and outputs in their natural time order. With ``lengths`` each sequence starts at
+    its own last step: steps t >= length keep the initial states and output zero."""
+    return Function(cell, backend, optimize=optimize, check=check, reverse=reverse, **options)
 
 
 def dump(cell: Cell, after: str = "all", mode: str = "inference", dtype: str = "f32") -> str:

@@ -97,7 +97,7 @@ def _prefix_function(fn: Any, table: Callable[[str, bool], tuple[str, ...]]) -> 
         def _pipeline(self, mode: str, lengths: bool) -> tuple[str, ...]:
             return table(mode, lengths)
 
-    return Prefix(fn.cell, "numpy", check=False)
+    return Prefix(fn.cell, "numpy", check=False, reverse=fn.reverse)
 
 
 def _prepare_part(names: tuple[str, ...]) -> tuple[str, ...]:
@@ -147,7 +147,7 @@ def check_function(fn: Any) -> None:
     """Raise :class:`CheckError` if ``fn`` disagrees with the oracle on random inputs."""
     from rnnc.api import Function
 
-    oracle_fn = Function(fn.cell, "numpy", optimize=False)
+    oracle_fn = Function(fn.cell, "numpy", optimize=False, reverse=fn.reverse)
     data = _Data(fn)
     f64 = data.cast("f64")
     for masked in (False, True):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import keyword
 import math
 import os
@@ -14,6 +15,7 @@ import numpy as np
 from rnnc import ops
 from rnnc.errors import CellError, RnncTypeError, RnncValueError, ShapeError
 from rnnc.ir import Carry, Graph, Program, Scan, Type
+from rnnc.names import Role, final_state
 from rnnc.validate import physical_memory
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -251,8 +253,10 @@ class Cell:
             out[name] = np.ascontiguousarray(arr, dtype=dtype)
         return out
 
-    def program(self) -> Program:
-        """The cell as a program: an empty pre-loop graph, the step as a scan, nothing after."""
+    def program(self, reverse: bool = False) -> Program:
+        """The cell as a program: an empty pre-loop graph, the step as a scan, nothing after.
+
+        ``reverse`` runs the scan over t = T-1, ..., 0 (the reverse direction of a layer)."""
         self.check()
         body = self.graph.copy()
         body.outputs = {**self.updates, **self.outputs}
@@ -261,15 +265,15 @@ class Cell:
             body.remove(n)
         args = {}
         for name, nid in self.inputs.items():
-            args[name] = ("input", Type("f32", ("T",) + body.node(nid).shape))
+            args[name] = (Role.INPUT, Type("f32", ("T",) + body.node(nid).shape))
         for name, nid in self.states.items():
-            args[name] = ("state", Type("f32", body.node(nid).shape))
+            args[name] = (Role.STATE, Type("f32", body.node(nid).shape))
         for name, nid in self.params.items():
-            args[name] = ("param", Type("f32", body.node(nid).shape))
+            args[name] = (Role.PARAM, Type("f32", body.node(nid).shape))
         scan = Scan(body, seqs=tuple(self.inputs), consts=tuple(self.params),
-                    carries=tuple(Carry(s, s, final_name(s)) for s in self.states),
-                    stacked=tuple(self.outputs))
-        results = tuple(self.outputs) + tuple(final_name(s) for s in self.states)
+                    carries=tuple(Carry(s, s, final_state(s)) for s in self.states),
+                    stacked=tuple(self.outputs), reverse=reverse)
+        results = tuple(self.outputs) + tuple(final_state(s) for s in self.states)
         return Program(args, Graph("f32"), scan, Graph("f32"), results, "f32",
                        {"cell": self.name})
 
@@ -284,48 +288,47 @@ def _check_allocatable(name: str, shape: tuple[int, ...], dtype: Any) -> None:
                         f"declare a smaller size")
 
 
-def final_name(state: str) -> str:
-    """The environment name of a state's value after the last step."""
-    return state + ".final"
-
-
 # ---------------------------------------------------------------- functions on values
 
-
-def _fn(op: ops.Op) -> Callable[..., Value]:
-    def f(x: Value) -> Value:
-        return apply(op, x)
-    f.__name__ = op.name
-    f.__doc__ = f"Elementwise {op.name}."
-    return f
-
-
-sigmoid = _fn(ops.sigmoid)
-tanh = _fn(ops.tanh)
-relu = _fn(ops.relu)
-exp = _fn(ops.exp)
-log = _fn(ops.log)
-sqrt = _fn(ops.sqrt)
-rsqrt = _fn(ops.rsqrt)
+# Ops a cell does not call as functions of rnnc: it writes them as operators on values
+# (+ - * /, unary -, @), as indexing (v[:, a:b]) or as Python numbers, or only passes make them.
+# Every other op of the registry is a function named after it: rnnc.tanh(v), rnnc.where(c, a, b).
+_NOT_FUNCTIONS = frozenset({"add", "sub", "mul", "div", "neg", "matmul", "slice", "pad",
+                            "expand", "sum_rows", "constant"})
+_OPERANDS = {1: ("x",), 2: ("a", "b"), 3: ("cond", "a", "b")}  # parameter names by arity
+_DOCS = {
+    "where": "``a`` where ``cond > 0``, else ``b`` (elementwise, broadcasting).",
+    "concat": "Concatenate a list of values along the feature axis.",
+    "mean": "Mean over the feature axis, kept as an axis of 1: ``(B, n) -> (B, 1)``.",
+    "sum": "Sum over the feature axis, kept as an axis of 1: ``(B, n) -> (B, 1)``.",
+}
 
 
-def where(cond: Value, a: Value | float, b: Value | float) -> Value:
-    """``a`` where ``cond > 0``, else ``b`` (elementwise, broadcasting)."""
-    return apply(ops.where, cond, a, b)
+def _function(op: ops.Op) -> Callable[..., Value]:
+    """The DSL function recording ``op``: over a list of values when the op takes any number
+    of operands, else over its operands."""
+    if op.arity is None:
+        def function(values: list[Value] | tuple[Value, ...]) -> Value:
+            if not isinstance(values, (list, tuple)) or not values:
+                raise RnncValueError(f"{op.name} takes a non-empty list of values")
+            return apply(op, *values)
+    else:
+        signature = inspect.Signature([inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                                       for n in _OPERANDS[op.arity]])
+
+        def function(*operands: Any, **named: Any) -> Value:
+            return apply(op, *signature.bind(*operands, **named).args)
+        function.__signature__ = signature  # type: ignore[attr-defined]
+    function.__name__ = function.__qualname__ = op.name
+    default = f"Elementwise {op.name}." if op.kind is ops.OpKind.ELEMENTWISE else \
+        f"The {op.kind.value} op {op.name}."
+    function.__doc__ = _DOCS.get(op.name, default)
+    return function
 
 
-def concat(values: list[Value] | tuple[Value, ...]) -> Value:
-    """Concatenate along the feature axis."""
-    if not isinstance(values, (list, tuple)) or not values:
-        raise RnncValueError("concat takes a non-empty list of values")
-    return apply(ops.concat, *values)
+# The DSL functions by name, one per op of the registry a cell calls by name.
+FUNCTIONS: dict[str, Callable[..., Value]] = {
+    op.name: _function(op) for op in ops.REGISTRY.values() if op.name not in _NOT_FUNCTIONS}
+globals().update(FUNCTIONS)
 
-
-def mean(x: Value) -> Value:
-    """Mean over the feature axis, kept as an axis of 1: ``(B, n) -> (B, 1)``."""
-    return apply(ops.mean, x)
-
-
-def sum(x: Value) -> Value:  # noqa: A001 - the DSL mirrors NumPy's name
-    """Sum over the feature axis, kept as an axis of 1: ``(B, n) -> (B, 1)``."""
-    return apply(ops.sum_, x)
+__all__ = ["Cell", "Value", "apply", "FUNCTIONS", *FUNCTIONS]

@@ -97,6 +97,8 @@ def _norm(v: Any) -> Any:
 
 
 def _norm_other(v: Any) -> Any:
+    if isinstance(v, str) and isinstance(v, enum.Enum):
+        return v.value  # a string enum (a Role) equals its value, so it encodes as it
     if isinstance(v, enum.Enum):
         return ("enum", type(v).__qualname__, _norm(v.value))
     if isinstance(v, bool | np.bool_):

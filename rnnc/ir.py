@@ -239,12 +239,15 @@ class Scan:
     reverse: bool = False
 
 
+STAGES = ("args", "pre", "scan", "post")  # the order in which a program fills its environment
+
+
 @dataclass(frozen=True)
 class Program:
     """pre-loop graph, scan, post-loop graph over an environment of named arrays.
 
-    ``args`` maps each name the caller provides to its role and type; ``results`` names what the
-    program returns.
+    ``args`` maps each name the caller provides to its role (a ``rnnc.names.Role``) and type;
+    ``results`` names what the program returns.
     """
 
     args: Mapping[str, tuple[str, Type]]
@@ -258,41 +261,58 @@ class Program:
     def graphs(self) -> tuple[Graph, Graph, Graph]:
         return self.pre, self.scan.body, self.post
 
+    def env_types(self, after: str = "post") -> dict[str, Type]:
+        """The type of every name in the environment once stage ``after`` has run: the args,
+        then the pre-loop outputs, the scan's stacked ([T,...]) and summed outputs and final
+        carries, then the post-loop outputs (a later writer of a name wins)."""
+        if after not in STAGES:
+            raise RnncValueError(f"stage must be one of {STAGES}, got {after!r}")
+        env = {name: ty for name, (_, ty) in self.args.items()}
+        if after == "args":
+            return env
+        env.update(_output_types(self.pre))
+        if after == "pre":
+            return env
+        body = self.scan.body
+        for name in self.scan.stacked:
+            ty = body.node(body.outputs[name]).type
+            env[name] = Type(ty.dtype, ("T",) + ty.shape)
+        for name in self.scan.summed:
+            env[name] = body.node(body.outputs[name]).type
+        for c in self.scan.carries:
+            if c.final is not None:
+                env[c.final] = env[c.init]
+        if after == "scan":
+            return env
+        env.update(_output_types(self.post))
+        return env
+
+    def fingerprint(self) -> str:
+        """The hex SHA-256 of the program's structure (see ``rnnc.fingerprint``)."""
+        from rnnc.fingerprint import fingerprint  # it reads the IR: imported when asked
+
+        return fingerprint(self)
+
+
+def _output_types(g: Graph) -> dict[str, Type]:
+    return {name: g.node(o).type for name, o in g.outputs.items()}
+
 
 def verify(program: Program) -> None:
     """Check the program's structure and types; raise AssertionError naming the fault."""
-    env: dict[str, Type] = {name: ty for name, (_, ty) in program.args.items()}
+    _check_graph(program.pre, "pre", program.env_types("args"), program.dtype)
+    bound = _scan_bindings(program.scan, program.env_types("pre"))
+    _check_graph(program.scan.body, "scan", bound, program.dtype)
+    for name in program.scan.stacked + program.scan.summed:
+        assert name in program.scan.body.outputs, f"scan: output {name!r} is never computed"
+    _check_graph(program.post, "post", program.env_types("scan"), program.dtype)
+    env = program.env_types()
+    for r in program.results:
+        assert r in env, f"result {r!r} is never computed"
 
-    def check_graph(g: Graph, where: str, bound: Mapping[str, Type]) -> None:
-        assert nx.is_directed_acyclic_graph(g.nx), f"{where}: cycle"
-        for node in g.nodes():
-            for pos, src in enumerate(node.inputs):
-                assert g.nx.has_edge(src, node.id, pos), f"{where}: edge {src}->{node.id} missing"
-            if node.op is ARG:
-                name = node.attrs["name"]
-                assert name in bound, f"{where}: input {name!r} is not bound"
-                assert bound[name].shape == node.shape, (
-                    f"{where}: input {name!r} has {node.type}, environment has {bound[name]}")
-            elif node.op is FUSED:
-                region = node.attrs["region"]
-                assert len(region.args()) == len(node.inputs), f"{where}: fused arity"
-                for nested in region.nodes():
-                    assert nested.op in ops.ELEMENTWISE or nested.op in (ARG, ops.constant) \
-                        or nested.op.kind in (ops.OpKind.LAYOUT, ops.OpKind.REDUCE), \
-                        f"{where}: {nested.op.name} inside a fused region"
-            elif node.op is GET:
-                assert isinstance(g.node(node.inputs[0]).type, TupleType)
-            else:
-                expect = g._infer(node.op, node.inputs, dict(node.attrs))
-                assert expect == node.type, f"{where}: %{node.id} typed {node.type}, rule {expect}"
-            assert node.type.dtype == program.dtype if isinstance(node.type, Type) else True
-        for name, o in g.outputs.items():
-            assert o in g.nx, f"{where}: output {name!r} refers to a missing node"
 
-    check_graph(program.pre, "pre", env)
-    env.update({n: program.pre.node(o).type for n, o in program.pre.outputs.items()})
-
-    scan = program.scan
+def _scan_bindings(scan: Scan, env: Mapping[str, Type]) -> dict[str, Type]:
+    """The type of each name the loop body may read, from the environment before the loop."""
     bound: dict[str, Type] = {}
     for name in scan.seqs:
         assert name in env, f"scan: sequence {name!r} is not in the environment"
@@ -309,20 +329,38 @@ def verify(program: Program) -> None:
             f"scan: carry {c.name!r} changes type")
     assert set(scan.body.args()) <= set(bound), (
         f"scan: body inputs {sorted(set(scan.body.args()) - set(bound))} are not bound")
-    check_graph(scan.body, "scan", bound)
-    for name in scan.stacked:
-        ty = scan.body.node(scan.body.outputs[name]).type
-        env[name] = Type(ty.dtype, ("T",) + ty.shape)
-    for name in scan.summed:
-        env[name] = scan.body.node(scan.body.outputs[name]).type
-    for c in scan.carries:
-        if c.final is not None:
-            env[c.final] = env[c.init]
+    return bound
 
-    check_graph(program.post, "post", env)
-    env.update({n: program.post.node(o).type for n, o in program.post.outputs.items()})
-    for r in program.results:
-        assert r in env, f"result {r!r} is never computed"
+
+def _check_graph(g: Graph, where: str, bound: Mapping[str, Type], dtype: str) -> None:
+    assert nx.is_directed_acyclic_graph(g.nx), f"{where}: cycle"
+    for node in g.nodes():
+        _check_node(g, node, where, bound)
+        assert node.type.dtype == dtype if isinstance(node.type, Type) else True
+    for name, o in g.outputs.items():
+        assert o in g.nx, f"{where}: output {name!r} refers to a missing node"
+
+
+def _check_node(g: Graph, node: Node, where: str, bound: Mapping[str, Type]) -> None:
+    for pos, src in enumerate(node.inputs):
+        assert g.nx.has_edge(src, node.id, pos), f"{where}: edge {src}->{node.id} missing"
+    if node.op is ARG:
+        name = node.attrs["name"]
+        assert name in bound, f"{where}: input {name!r} is not bound"
+        assert bound[name].shape == node.shape, (
+            f"{where}: input {name!r} has {node.type}, environment has {bound[name]}")
+    elif node.op is FUSED:
+        region = node.attrs["region"]
+        assert len(region.args()) == len(node.inputs), f"{where}: fused arity"
+        for nested in region.nodes():
+            assert nested.op in ops.ELEMENTWISE or nested.op in (ARG, ops.constant) \
+                or nested.op.kind in (ops.OpKind.LAYOUT, ops.OpKind.REDUCE), \
+                f"{where}: {nested.op.name} inside a fused region"
+    elif node.op is GET:
+        assert isinstance(g.node(node.inputs[0]).type, TupleType)
+    else:
+        expect = g._infer(node.op, node.inputs, dict(node.attrs))
+        assert expect == node.type, f"{where}: %{node.id} typed {node.type}, rule {expect}"
 
 
 def retype(program: Program, dtype: str) -> Program:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from rnnc.ir import ARG, FUSED, GET, Graph, Program
+from rnnc.names import Role
 
 INDENT = "  "
+# The program's args, one line per role, in this order.
+ARG_SECTIONS = ((Role.INPUT, "inputs"), (Role.STATE, "states"), (Role.PARAM, "params"),
+                (Role.MASK, "mask"), (Role.SAVED, "saved"), (Role.COTANGENT, "cotangents"))
 
 
 def _attrs(attrs: dict) -> str:
@@ -58,8 +62,7 @@ def graph_lines(g: Graph, depth: int, names: dict[int, str] | None = None) -> li
 def format_program(p: Program, title: str = "") -> str:
     """The whole program as text."""
     out = [f"program {title or p.meta.get('cell', '')} ({p.dtype}) {{".replace("  ", " ")]
-    for role, label in (("input", "inputs"), ("state", "states"), ("param", "params"),
-                        ("mask", "mask"), ("saved", "saved"), ("cotangent", "cotangents")):
+    for role, label in ARG_SECTIONS:
         items = [f"{n}: {t}" for n, (r, t) in p.args.items() if r == role]
         if items:
             out.append(f"{INDENT}{label}: " + ", ".join(items))

@@ -6,8 +6,8 @@ import numpy as np
 
 import rnnc
 from rnnc.backends.numpy.runtime import run_program
-from rnnc.dsl import final_name
 from rnnc.ir import Program, retype
+from rnnc.names import final_state
 from rnnc.passes import PASSES, run
 from rnnc.printer import format_program
 from tests.strategies import random_data
@@ -58,4 +58,4 @@ def check_pass(program: Program, name: str, env: dict[str, np.ndarray], T: int, 
 
 
 def states_final(cell: rnnc.Cell) -> list[str]:
-    return [final_name(s) for s in cell.states]
+    return [final_state(s) for s in cell.states]

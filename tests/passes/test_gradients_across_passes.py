@@ -17,9 +17,8 @@ from hypothesis import strategies as st
 import rnnc
 from rnnc import passes
 from rnnc.backends.numpy.runtime import run_program
-from rnnc.dsl import final_name
 from rnnc.ir import retype
-from rnnc.names import MASK
+from rnnc.names import MASK, cotangent, final_state, gradient
 from rnnc.passes.autodiff import autodiff_backward, autodiff_forward
 from rnnc.validate import mask
 from tests.passes.common import mgu
@@ -46,8 +45,8 @@ def _reference(cell, x, params, states, lens, d_out, d_st) -> dict[str, np.ndarr
         env[MASK] = mask(lens, T, "f64")
     dims = {"T": T, "B": B}
     env.update(run_program(autodiff_forward(program), env, dims))
-    env.update({f"d.{n}": v for n, v in d_out.items()})
-    env.update({f"d.{final_name(n)}": v for n, v in d_st.items()})
+    env.update({cotangent(n): v for n, v in d_out.items()})
+    env.update({cotangent(final_state(n)): v for n, v in d_st.items()})
     return run_program(autodiff_backward(program), env, dims)
 
 
@@ -62,14 +61,14 @@ def check(cell: rnnc.Cell, seed: int, with_lengths: bool) -> None:
     _, _, tape = fn.forward(x, params, states=states, lengths=lens)
     g = fn.backward(tape, d_out, d_st)
     for name, value in g.params.items():
-        np.testing.assert_allclose(value, ref.get(f"grad.{name}", 0 * value), rtol=1e-9,
+        np.testing.assert_allclose(value, ref.get(gradient(name), 0 * value), rtol=1e-9,
                                    atol=1e-10, err_msg=f"parameter {name}")
     gx = g.x if isinstance(g.x, dict) else {next(iter(cell.inputs)): g.x}
     for name, value in gx.items():
-        np.testing.assert_allclose(value, ref.get(f"grad.{name}", 0 * value), rtol=1e-9,
+        np.testing.assert_allclose(value, ref.get(gradient(name), 0 * value), rtol=1e-9,
                                    atol=1e-10, err_msg=f"input {name}")
     for name, value in g.states.items():
-        np.testing.assert_allclose(value, ref[f"grad.{name}"], rtol=1e-9, atol=1e-10,
+        np.testing.assert_allclose(value, ref[gradient(name)], rtol=1e-9, atol=1e-10,
                                    err_msg=f"state {name}")
 
     # Replay the backward pipeline pass by pass after autodiff: every stage agrees.
@@ -77,8 +76,8 @@ def check(cell: rnnc.Cell, seed: int, with_lengths: bool) -> None:
     start = names.index("autodiff-backward") + 1
     program = passes.run(retype(cell.program(), "f64"), names[:start])
     env = dict(tape.env)
-    env.update({f"d.{n}": v for n, v in d_out.items()})
-    env.update({f"d.{final_name(n)}": v for n, v in d_st.items()})
+    env.update({cotangent(n): v for n, v in d_out.items()})
+    env.update({cotangent(final_state(n)): v for n, v in d_st.items()})
     dims = {"T": T, "B": B}
     first = run_program(program, env, dims)
     for name in names[start:]:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from rnnc.names import MASK
+from rnnc.names import MASK, Role, is_saved
 from rnnc.passes import pipeline
 from rnnc.passes import run as run_passes
 from tests.passes.common import check_pass, environment, execute, standard_cells
@@ -46,11 +46,11 @@ def _backward_environment(program, env: dict) -> dict:
     """``env`` plus what the backward of ``program`` reads: saved values and cotangents."""
     forward = run_passes(program, ["autodiff-forward"])
     out = execute(forward, env, T, B)
-    env = {**env, **{n: v for n, v in out.items() if n.startswith("save.")}}
+    env = {**env, **{n: v for n, v in out.items() if is_saved(n)}}
     rng = np.random.default_rng(7)
     backward = run_passes(program, ["autodiff-backward"])
     for name, (role, ty) in backward.args.items():
-        if role == "cotangent":
+        if role == Role.COTANGENT:
             env[name] = rng.standard_normal(tuple({"T": T, "B": B}.get(d, d) for d in ty.shape))
     return env
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import rnnc
-from rnnc import api, ops
 from rnnc import backends as backend_registry
+from rnnc import ops, passes
 from rnnc.backends.numpy.runtime import NumpyBackend
 from rnnc.passes import canonicalize as canonicalize_module
 from tests.strategies import random_data
@@ -21,9 +21,9 @@ from tests.strategies import random_data
 @pytest.fixture(autouse=True)
 def _fresh_optimized_programs():
     """Faults injected here must not leak optimized programs into other tests."""
-    api._OPTIMIZED.clear()
+    passes.clear_cache()
     yield
-    api._OPTIMIZED.clear()
+    passes.clear_cache()
 
 
 def _loss(fn, x, params, states, d_out, d_st) -> float:
