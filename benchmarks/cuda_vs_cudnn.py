@@ -6,9 +6,9 @@ Configurations C1-C4 of docs/benchmarks.md, float32, inference and training (for
 sum(y)); medians (min-max) of ``--reps`` timed calls after ``--warmup`` calls, and the ratio
 rnnc / cuDNN (lower is better). rnnc is timed through its public API, which takes and returns
 NumPy arrays, so its times include copying inputs to the device and results back; cuDNN gets
-device tensors. Stacked and bidirectional configurations (C4) compose single-layer rnnc
-functions as ``rnnc.bench`` does. Needs CuPy, PyTorch with CUDA and a GPU; otherwise it exits
-with a message saying what is missing.
+device tensors. rnnc runs through ``rnnc.RNN`` in every configuration (C4, stacked and
+bidirectional, too), as in ``rnnc bench``. Needs CuPy, PyTorch with CUDA and a GPU; otherwise it
+exits with a message saying what is missing.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from rnnc import bench
+from rnnc.tools import bench
+from rnnc.tools.bench.peers import torch_module
 
 
 def gpu_missing() -> str | None:
@@ -48,18 +49,7 @@ def cudnn_call(spec: bench.CellSpec, config: bench.Config, grid: list, mode: str
     """nn.LSTM / nn.GRU on the GPU with rnnc's weights (PyTorch's gate order and layout)."""
     import torch
 
-    gates = {"LSTM": "ifgo", "GRU": "rzn"}[spec.torch_module]
-    module = getattr(torch.nn, spec.torch_module)(
-        config.I, config.H, num_layers=config.layers, bidirectional=config.directions == 2)
-    with torch.no_grad():
-        for layer, row in enumerate(grid):
-            for d, p in enumerate(row):
-                suffix = f"_l{layer}" + ("_reverse" if d else "")
-                for kind, src in (("weight_ih", "W_i"), ("weight_hh", "W_h"),
-                                  ("bias_ih", "b_i"), ("bias_hh", "b_h")):
-                    value = np.concatenate([p[f"{src}{g}"] for g in gates], axis=-1)
-                    getattr(module, kind + suffix).copy_(torch.from_numpy(value.T.copy()))
-    module = module.cuda()
+    module = torch_module(spec, config, grid).cuda()
 
     def infer(x):
         with torch.no_grad():
@@ -120,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                 (config.T, config.B, config.I)).astype(np.float32)
             x_gpu = torch.from_numpy(x).cuda()
             for mode in args.modes.split(","):
-                rnnc_fn, _ = bench.rnnc_call(spec, config, grid, mode, "cuda", options, False)
+                rnnc_fn, _ = bench.rnnc_call(spec, config, grid, mode, "cuda", options)
                 peer = cudnn_call(spec, config, grid, mode)
                 ours = timed(lambda f=rnnc_fn, x=x: f(x), args.reps, args.warmup)
                 theirs = timed(lambda f=peer, x=x_gpu: f(x), args.reps, args.warmup)

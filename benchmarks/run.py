@@ -6,7 +6,7 @@ The same as ``rnnc bench``; for example
 
 import sys
 
-from rnnc import bench
+from rnnc.tools import bench
 
 if __name__ == "__main__":
     sys.exit(bench.main(sys.argv[1:]))

@@ -70,7 +70,7 @@ def chunks(output: str) -> list[str]:
 
 def run_dump(argv: list[str]) -> str:
     """``rnnc dump ...`` in this process, from the repository root; its stdout."""
-    from rnnc.cli import main
+    from rnnc.tools.cli import main
 
     out = io.StringIO()
     cwd = os.getcwd()
@@ -162,7 +162,7 @@ def check_listings(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 
 
 def _bench_parser() -> argparse.ArgumentParser:
-    from rnnc import bench
+    from rnnc.tools import bench
 
     parser = argparse.ArgumentParser(prog="benchmarks/run.py", exit_on_error=False)
     bench.add_arguments(parser)
@@ -171,7 +171,7 @@ def _bench_parser() -> argparse.ArgumentParser:
 
 def check_commands(path: Path) -> None:
     """Every ``rnnc`` and ``python FILE`` command of the file's ```bash blocks parses."""
-    from rnnc.cli import build_parser
+    from rnnc.tools.cli import build_parser
 
     for block in blocks(path):
         if block.lang != "bash":

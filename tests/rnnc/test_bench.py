@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from rnnc import bench  # noqa: E402
+from rnnc.tools import bench  # noqa: E402
 
 
 def test_bench_tiny_table(tmp_path, capsys) -> None:
@@ -41,7 +41,7 @@ def test_bench_tiny_table(tmp_path, capsys) -> None:
 def test_custom_cells_match_eager_peer() -> None:
     import argparse
 
-    args = argparse.Namespace(backend="numpy", reps=1, warmup=1, no_layers_api=False)
+    args = argparse.Namespace(backend="numpy", reps=1, warmup=1)
     config = bench.tiny(bench.CONFIGS["C4"])
     for cell in ("mgu", "peephole_lstm", "ln_lstm"):
         rows = bench.bench_one(config, cell, "inference", ["eager"], args, {})

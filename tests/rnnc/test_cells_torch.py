@@ -67,7 +67,7 @@ def map_by_hand(mode: str, module, dtype) -> dict[str, np.ndarray]:
 
 
 def map_with_weights_module(mode: str, module, dtype) -> dict[str, np.ndarray]:
-    weights = pytest.importorskip("rnnc.weights")
+    weights = pytest.importorskip("rnnc.interop.weights")
     params = weights.from_torch_layer(
         mode, *(getattr(module, n).detach().numpy() for n in
                 ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")))

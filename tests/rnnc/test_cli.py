@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 import rnnc
-from rnnc.cli import main
-from rnnc.demo import cache_note
+from rnnc.tools.cli import main
+from rnnc.tools.demo import cache_note
 
 
 def rnnc_cli(*args: str, cwd=None, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rnnc.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "rnnc.tools.cli", *args], capture_output=True,
                           text=True, timeout=300, cwd=cwd, env=env)
 
 
@@ -247,8 +247,8 @@ def test_dump_into_a_closed_pipe_stops_quietly(tmp_path) -> None:
     import sys
 
     env = dict(os.environ, RNNC_CACHE_DIR=str(tmp_path))
-    proc = subprocess.Popen([sys.executable, "-m", "rnnc.cli", "dump", "lstm", "--after", "all"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "rnnc.tools.cli", "dump", "lstm", "--after",
+                             "all"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(120) == 0, err

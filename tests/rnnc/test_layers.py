@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import rnnc
-from rnnc import weights as W
 from rnnc.errors import RnncError
+from rnnc.interop import weights as W
 
 torch = pytest.importorskip("torch")
 nn = torch.nn

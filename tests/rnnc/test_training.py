@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rnnc
-from rnnc.weights import from_torch_layer
+from rnnc.interop.weights import from_torch_layer
 from tests.strategies import random_cells, random_data
 
 torch = pytest.importorskip("torch")

@@ -1,12 +1,13 @@
-"""Tests of rnnc.weights: PyTorch, cuDNN flat-buffer and Keras layouts of the standard cells."""
+"""Tests of rnnc.interop.weights: PyTorch, cuDNN flat-buffer and Keras layouts of the standard
+cells."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from rnnc import weights as W
-from rnnc.weights import WeightError
+from rnnc.interop import weights as W
+from rnnc.interop.weights import WeightError
 
 MODES = ("rnn_tanh", "rnn_relu", "lstm", "gru")
 I, H = 5, 4

@@ -208,15 +208,9 @@ def _dump(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from rnnc.demo import run
+    from rnnc.tools.demo import run
 
     return run(quick=args.quick)
-
-
-def _bench(args: argparse.Namespace) -> int:
-    from rnnc import bench
-
-    return bench.run(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -249,14 +243,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--quick", action="store_true", help="smaller sizes (for tests)")
     demo.set_defaults(func=_demo)
 
-    bench = sub.add_parser("bench", help="time rnnc against PyTorch (and JAX) on C1-C4")
-    try:
-        from rnnc import bench as bench_module
+    from rnnc.tools import bench as bench_module
 
-        bench_module.add_arguments(bench)
-    except ImportError:
-        pass
-    bench.set_defaults(func=_bench)
+    bench = sub.add_parser("bench", help="time rnnc against PyTorch (and JAX) on C1-C4")
+    bench_module.add_arguments(bench)
+    bench.set_defaults(func=bench_module.run)
     return parser
 
 

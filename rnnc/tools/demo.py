@@ -11,6 +11,7 @@ import numpy as np
 
 import rnnc
 from rnnc.cells import mgu
+from rnnc.layers import fastest_backend
 
 
 def numpy_loop(x: np.ndarray, p: dict[str, np.ndarray]) -> np.ndarray:
@@ -65,14 +66,6 @@ def _timed(fn, reps: int) -> float:
     return float(np.median(times)) * 1e3
 
 
-def _backend() -> str:
-    try:
-        rnnc.compile(rnnc.cells.rnn(1, 1), backend="llvm")
-        return "llvm"
-    except rnnc.RnncError:
-        return "numpy"
-
-
 def run(quick: bool = False) -> int:
     """Run the demo; 0 only if every check held."""
     I, H, T, B = (8, 16, 12, 4) if quick else (32, 64, 50, 16)
@@ -80,7 +73,7 @@ def run(quick: bool = False) -> int:
     cell = mgu(I, H)
     _say("== 1. a custom cell (MGU) written in rnnc's DSL; its traced IR:")
     _say(rnnc.printer.format_program(cell.program(), "mgu traced"))
-    backend = _backend()
+    backend = fastest_backend()
     _say(f"\n== 2. compiled for the CPU (backend={backend!r}); the optimized IR:")
     rng = np.random.default_rng(0)
     params = cell.init_params(seed=0)

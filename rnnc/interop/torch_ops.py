@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from rnnc.interop.torch_autograd import from_numpy, to_numpy
+
 _MODULES: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _ARGS = "int key, Tensor x, Tensor?[] states, Tensor[] params, Tensor? lengths, Tensor? seed"
 
@@ -40,8 +42,6 @@ def apply(module: Any, x: torch.Tensor, states: list[torch.Tensor | None],
 def _run(key: int, x: torch.Tensor, states: list[torch.Tensor | None],
          params: list[torch.Tensor], lengths: torch.Tensor | None, seed: torch.Tensor | None,
          train: bool) -> tuple[Any, tuple[Any, ...]]:
-    from rnnc.torch import to_numpy
-
     module = _MODULES[key]
     given = {n: to_numpy(s) for n, s in zip(module.state_names, states, strict=True)
              if s is not None}
@@ -61,8 +61,6 @@ def _state_shape(module: Any, x: torch.Tensor, name: str) -> tuple[Any, ...]:
 def _rnn(key: int, x: torch.Tensor, states: list[torch.Tensor | None],
          params: list[torch.Tensor], lengths: torch.Tensor | None, seed: torch.Tensor | None
          ) -> list[torch.Tensor]:
-    from rnnc.torch import from_numpy
-
     module, (y, final, _) = _run(key, x, states, params, lengths, seed, train=False)
     return [from_numpy(y, x), *(from_numpy(final[n], x) for n in module.state_names)]
 
@@ -83,8 +81,6 @@ def _rnn_backward(key: int, x: torch.Tensor, states: list[torch.Tensor | None],
                   params: list[torch.Tensor], lengths: torch.Tensor | None,
                   seed: torch.Tensor | None, d_y: torch.Tensor, d_final: list[torch.Tensor]
                   ) -> list[torch.Tensor]:
-    from rnnc.torch import from_numpy, to_numpy
-
     module, (_, _, tape) = _run(key, x, states, params, lengths, seed, train=True)
     names = module.state_names
     g = module.layer.backward(tape, to_numpy(d_y), {n: to_numpy(d) for n, d in

@@ -1,0 +1,344 @@
+"""PyTorch interop: ``rnnc.torch.RNN``, an ``nn.Module`` that runs rnnc inside autograd.
+
+The module has the parameters of ``torch.nn.RNN/LSTM/GRU`` with the same names and shapes
+(``weight_ih_l0``, ``weight_hh_l0``, ``bias_ih_l0``, ``bias_hh_l0``, ``..._reverse``), so
+state dicts load both ways, and it returns what torch returns: ``(output, h_n)`` or, for
+LSTM, ``(output, (h_n, c_n))``, with ``PackedSequence`` in and out. Forward and backward
+are one ``torch.autograd.Function`` over ``rnnc.RNN.forward``/``backward``, so the module
+trains with any torch optimizer and under ``DistributedDataParallel``.
+
+CPU tensors cross into NumPy without copies (``.detach().numpy()`` and
+``torch.from_numpy``); tensors on another device are copied through the host, since the
+layer computes on host arrays. Only the per-gate split of the fused torch weights copies.
+
+A custom cell factory works too: its parameters are registered as ``{name}_l{k}`` (and
+``{name}_l{k}_reverse``) with rnnc's shapes, and ``hx`` and the returned states are dicts
+by state name.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+
+from rnnc.errors import RnncRuntimeError, RnncTypeError, RnncValueError
+from rnnc.interop import torch_autograd, torch_ops
+from rnnc.interop import weights as W
+from rnnc.interop.cell_params import TORCH_MODES
+from rnnc.interop.torch_autograd import from_numpy, to_numpy
+from rnnc.layers import RNN as Layer
+from rnnc.layers import CellFactory, Grid, check_dropout, check_picklable
+
+_TORCH_BASE_NAMES = ("weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr")
+
+
+def _base_name(name: str) -> str:
+    """``weight_ih_l1_reverse`` -> ``weight_ih``: a parameter's name without layer suffix."""
+    return name.rsplit("_l", 1)[0]
+
+
+def _check_arguments(mode: Any, nonlinearity: str | None, input_size: Any, hidden_size: Any,
+                     num_layers: Any, bias: Any, batch_first: Any, dropout: Any, proj_size: Any
+                     ) -> str | CellFactory:
+    """Check the constructor's arguments as ``torch.nn.RNNBase`` does, with its error kinds;
+    return rnnc's mode (``"RNN"`` plus ``nonlinearity`` becomes ``"rnn_tanh"``/``"rnn_relu"``).
+    """
+    if isinstance(mode, str):
+        mode = TORCH_MODES.get(mode, mode)
+        if mode in ("rnn", "RNN"):
+            nonlinearity = "tanh" if nonlinearity is None else nonlinearity
+            if nonlinearity not in ("tanh", "relu"):
+                raise RnncValueError(f"Unknown nonlinearity {nonlinearity!r}. Select from 'tanh' "
+                                     f"or 'relu'.")
+            mode = f"rnn_{nonlinearity}"
+    if nonlinearity is not None and mode != f"rnn_{nonlinearity}":
+        raise RnncValueError(f"nonlinearity={nonlinearity!r} needs mode 'RNN', got {mode!r}")
+    try:
+        check_dropout(dropout)
+    except RnncValueError:
+        raise RnncValueError(f"dropout should be a number in range [0, 1] representing the "
+                             f"probability of an element being zeroed, got {dropout!r}") from None
+    if dropout > 0 and num_layers == 1:
+        warnings.warn(f"dropout adds dropout after all but the last recurrent layer, so "
+                      f"non-zero dropout expects num_layers greater than 1, but got "
+                      f"dropout={dropout} and num_layers={num_layers}", stacklevel=3)
+    for name, value in (("bias", bias), ("batch_first", batch_first)):
+        if not isinstance(value, bool):
+            raise RnncTypeError(f"{name} should be of type bool, got: {type(value).__name__}")
+    for name, value in (("input_size", input_size), ("hidden_size", hidden_size),
+                        ("num_layers", num_layers), ("proj_size", proj_size)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise RnncTypeError(f"{name} should be of type int, got: {type(value).__name__}")
+        if value < (0 if name == "proj_size" else 1):
+            raise RnncValueError(f"{name} must be greater than zero, got {value}" if
+                                 name != "proj_size" else
+                                 f"proj_size should be a positive integer or zero to disable "
+                                 f"projections, got {value}")
+    if proj_size and mode != "lstm":
+        raise RnncValueError(f"proj_size argument is only supported for LSTM, not {mode!r}")
+    if proj_size >= hidden_size:
+        raise RnncValueError(f"proj_size has to be smaller than hidden_size ({hidden_size}), "
+                             f"got {proj_size}")
+    return mode
+
+
+class RNN(nn.Module):
+    """A drop-in ``torch.nn.RNN/LSTM/GRU`` computed by rnnc.
+
+    ``mode`` is ``"rnn_tanh"``, ``"rnn_relu"``, ``"lstm"``, ``"gru"`` (or torch's spelling
+    ``"LSTM"``, ``"RNN_TANH"``, ...) or an rnnc cell factory. ``backend`` is the rnnc backend
+    (``None``: the fastest available); ``backend_options`` go to ``rnnc.compile``. Dropout
+    between layers draws from torch's random generator, so ``torch.manual_seed`` fixes it.
+    """
+
+    def __init__(self, mode: str | CellFactory, input_size: int, hidden_size: int,
+                 num_layers: int = 1, bias: bool = True, batch_first: bool = False,
+                 dropout: float = 0.0, bidirectional: bool = False, proj_size: int = 0,
+                 backend: str | None = None, device: Any = None,
+                 dtype: torch.dtype | None = None, *, nonlinearity: str | None = None,
+                 **backend_options: Any) -> None:
+        super().__init__()
+        self._op_key = torch_ops.register(self)
+        mode = _check_arguments(mode, nonlinearity, input_size, hidden_size, num_layers, bias,
+                                batch_first, dropout, proj_size)
+        self.layer = Layer(mode, input_size, hidden_size, num_layers=num_layers,
+                           bidirectional=bidirectional, dropout=dropout,
+                           batch_first=batch_first, backend=backend, seed=0,
+                           proj_size=proj_size, **backend_options)
+        self.mode = mode
+        if mode in ("rnn_tanh", "rnn_relu"):
+            self.nonlinearity = mode[4:]
+        self.input_size, self.hidden_size = input_size, hidden_size
+        self.num_layers, self.bidirectional = num_layers, bool(bidirectional)
+        self.bias, self.batch_first = bias, batch_first
+        self.proj_size = proj_size
+        self.state_names = tuple(self.layer.state_sizes)
+        if not self.bias and not isinstance(mode, str):
+            raise RnncValueError("bias=False needs a standard mode; a custom cell declares its "
+                                 "own parameters")
+        factory = {"device": device, "dtype": dtype}
+        self._param_names: list[list[list[str]]] = []
+        D = 2 if bidirectional else 1
+        for k in range(num_layers):
+            row = []
+            for d in range(D):
+                names = []
+                for name, shape in self._shapes(k).items():
+                    full = self._torch_name(name, k, d == 1)
+                    self.register_parameter(full, nn.Parameter(torch.empty(shape, **factory)))
+                    names.append(full)
+                row.append(names)
+            self._param_names.append(row)
+        self.reset_parameters()
+
+    def _shapes(self, k: int) -> dict[str, tuple[int, ...]]:
+        """Parameter shapes of layer ``k`` keyed by rnnc name (custom) or torch base name."""
+        in_k, H = self.layer.layer_input_size(k), self.hidden_size
+        if not isinstance(self.mode, str):
+            return {n: a.shape for n, a in self.layer.params[k][0].items()}
+        gh, P = W.num_gates(self.mode) * H, self.proj_size
+        shapes = {"weight_ih": (gh, in_k), "weight_hh": (gh, P or H)}
+        if self.bias:
+            shapes.update({"bias_ih": (gh,), "bias_hh": (gh,)})
+        if P:
+            shapes["weight_hr"] = (P, H)
+        return shapes
+
+    @property
+    def dropout(self) -> float:
+        """Dropout between layers; assigning it takes effect at the next forward, as in torch."""
+        return self.layer.dropout
+
+    @dropout.setter
+    def dropout(self, value: float) -> None:
+        self.layer.dropout = check_dropout(value)
+
+    @property
+    def _flat_weights_names(self) -> list[str]:
+        return [n for row in self._param_names for names in row for n in names]
+
+    @property
+    def _flat_weights(self) -> list[nn.Parameter]:
+        return self._flat_parameters()
+
+    @property
+    def all_weights(self) -> list[list[nn.Parameter]]:
+        """The parameters of each pseudo-layer (layer, direction), as torch's ``all_weights``."""
+        return [[getattr(self, n) for n in names] for row in self._param_names for names in row]
+
+    def __getstate__(self) -> dict[str, Any]:
+        check_picklable(self.mode)  # fail here, naming the fix, not deep inside pickle
+        return super().__getstate__()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._op_key = torch_ops.register(self)  # a copy is another module for the op
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RNN:
+        """A deep copy needs no pickling, so any cell factory (even a lambda) is fine."""
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        new.__setstate__(copy.deepcopy(nn.Module.__getstate__(self), memo))
+        return new
+
+    @staticmethod
+    def _torch_name(name: str, k: int, reverse: bool) -> str:
+        return f"{name}_l{k}" + ("_reverse" if reverse else "")
+
+    def reset_parameters(self) -> None:
+        """PyTorch's init: every parameter uniform in ±1/sqrt(hidden_size), from torch's RNG."""
+        bound = 1.0 / math.sqrt(self.hidden_size)
+        with torch.no_grad():
+            for p in self._flat_parameters():
+                p.uniform_(-bound, bound)
+
+    def flatten_parameters(self) -> None:
+        """Do nothing: kept so code written for ``torch.nn.LSTM`` runs unchanged."""
+
+    def _flat_parameters(self) -> list[nn.Parameter]:
+        return [getattr(self, n) for row in self._param_names for names in row for n in names]
+
+    def _rnnc_params(self, tensors: tuple[torch.Tensor, ...]) -> Grid:
+        """Convert the parameter tensors (in ``_flat_parameters`` order) to rnnc's grid."""
+        grid, pos = [], 0
+        for row in self._param_names:
+            out_row = []
+            for names in row:
+                arrays = [to_numpy(t) for t in tensors[pos:pos + len(names)]]
+                pos += len(names)
+                by_base = dict(zip(map(_base_name, names), arrays, strict=True))
+                if isinstance(self.mode, str):
+                    out_row.append(W.from_torch_layer(
+                        self.mode, by_base["weight_ih"], by_base["weight_hh"],
+                        by_base.get("bias_ih"), by_base.get("bias_hh"),
+                        weight_hr=by_base.get("weight_hr")))
+                else:
+                    out_row.append(by_base)
+            grid.append(out_row)
+        return grid
+
+    def _torch_grads(self, grads: Grid) -> list[np.ndarray]:
+        """Convert rnnc's gradient grid to arrays in ``_flat_parameters`` order."""
+        out: list[np.ndarray] = []
+        for row, names_row in zip(grads, self._param_names, strict=True):
+            for g, names in zip(row, names_row, strict=True):
+                if isinstance(self.mode, str):  # 5 arrays with projections, else 4
+                    g = dict(zip(_TORCH_BASE_NAMES, W.to_torch_layer(self.mode, g),
+                                 strict=False))
+                out.extend(g[_base_name(n)] for n in names)
+        return out
+
+    def _states_in(self, hx: Any) -> list[torch.Tensor | None]:
+        if hx is None:
+            return [None] * len(self.state_names)
+        if isinstance(hx, dict):
+            return [hx.get(n) for n in self.state_names]
+        if isinstance(hx, torch.Tensor):
+            hx = (hx,)
+        if len(hx) != len(self.state_names):
+            raise RnncValueError(f"hx must hold {len(self.state_names)} tensors "
+                                 f"({', '.join(self.state_names)}), got {len(hx)}")
+        return list(hx)
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        """Raise what torch raises for a bad input (same error kinds, rnnc's classes)."""
+        name = self.mode.upper() if isinstance(self.mode, str) else "RNN"
+        if x.dim() not in (2, 3):
+            raise RnncValueError(f"{name}: Expected input to be 2D or 3D, got {x.dim()}D instead")
+        dtype = self._flat_parameters()[0].dtype
+        if x.dtype != dtype:
+            raise RnncValueError(f"input dtype ({x.dtype}) does not match weight dtype ({dtype})")
+        if x.shape[-1] != self.input_size:
+            raise RnncRuntimeError(f"input.size(-1) must be equal to input_size. Expected "
+                                   f"{self.input_size}, got {x.shape[-1]}")
+        if x.shape[1 if self.batch_first and x.dim() == 3 else 0] == 0:
+            raise RnncRuntimeError(f"Expected sequence length to be larger than 0 in RNN, got "
+                                   f"input of shape {tuple(x.shape)}")
+
+    def _check_states(self, states: list[torch.Tensor | None], B: int, dtype: torch.dtype,
+                      unbatched: bool) -> None:
+        """Each given state must be ``(L*D, B, size)`` (``(L*D, size)`` unbatched), like torch."""
+        LD = self.num_layers * (2 if self.bidirectional else 1)
+        for i, (name, s) in enumerate(zip(self.state_names, states, strict=True)):
+            if s is None:
+                continue
+            if not isinstance(s, torch.Tensor):
+                raise RnncTypeError(f"hx[{i}] ({name}) must be a tensor, got {type(s).__name__}")
+            size = self.layer.state_sizes[name]
+            want = (LD, size) if unbatched else (LD, B, size)
+            if s.dim() != len(want):
+                kind = "unbatched 2-D" if unbatched else "batched 3-D"
+                raise RnncRuntimeError(f"For {kind} input, hx[{i}] ({name}) should also be "
+                                       f"{len(want)}-D but got a {s.dim()}-D tensor")
+            if tuple(s.shape) != want:
+                raise RnncRuntimeError(f"Expected hidden[{i}] size {want}, got {list(s.shape)}")
+            if s.dtype != dtype:
+                raise RnncRuntimeError(f"hx[{i}] ({name}) is {s.dtype}, the input is {dtype}")
+
+    def _states_out(self, final: tuple[torch.Tensor, ...]) -> Any:
+        if not isinstance(self.mode, str):
+            return dict(zip(self.state_names, final, strict=True))
+        return final[0] if len(final) == 1 else tuple(final)
+
+    def forward(self, input: torch.Tensor | PackedSequence, hx: Any = None) -> tuple[Any, Any]:
+        """Run the layers: ``(output, h_n)`` or ``(output, (h_n, c_n))`` as torch does."""
+        packed = isinstance(input, PackedSequence)
+        lengths = None
+        unbatched = False
+        if packed:
+            x, lens = pad_packed_sequence(input, batch_first=self.batch_first)
+            lengths = lens.numpy()
+        else:
+            x = input
+            if not isinstance(x, torch.Tensor):
+                raise RnncTypeError(f"input must be a tensor or a PackedSequence, got "
+                                    f"{type(x).__name__}")
+            unbatched = x.dim() == 2
+        self._check_input(x)
+        if unbatched:
+            x = x.unsqueeze(0 if self.batch_first else 1)
+        states = self._states_in(hx)
+        self._check_states(states, x.shape[0 if self.batch_first else 1], x.dtype, unbatched)
+        if unbatched:
+            states = [None if s is None else s.unsqueeze(1) for s in states]
+        if torch.compiler.is_compiling():  # one opaque op in the compiled graph
+            y, *final = torch_ops.apply(self, x, states, lengths)
+        else:
+            seed = None
+            if self.training and self.dropout > 0 and self.num_layers > 1:
+                seed = int(torch.randint(0, 2**62, (1,)).item())
+            y, *final = torch_autograd.apply(self, lengths, seed, x, states,
+                                             self._flat_parameters())
+        if unbatched:
+            y = y.squeeze(0 if self.batch_first else 1)
+            final = [f.squeeze(1) for f in final]
+        if packed:
+            y = self._repack(y, lens, input)
+        return y, self._states_out(tuple(final))
+
+    def _repack(self, y: torch.Tensor, lens: torch.Tensor, like: PackedSequence
+                ) -> PackedSequence:
+        """Pack ``y`` (original batch order) with the batch sizes and order of ``like``."""
+        if like.sorted_indices is not None:
+            dim = 0 if self.batch_first else 1
+            y = y.index_select(dim, like.sorted_indices.to(y.device))
+            lens = lens[like.sorted_indices.cpu()]
+        data = pack_padded_sequence(y, lens, batch_first=self.batch_first,
+                                    enforce_sorted=True).data
+        return PackedSequence(data, like.batch_sizes, like.sorted_indices, like.unsorted_indices)
+
+    def extra_repr(self) -> str:
+        mode = self.mode if isinstance(self.mode, str) else getattr(self.mode, "__name__", "cell")
+        return (f"{mode!r}, {self.input_size}, {self.hidden_size}, num_layers={self.num_layers}, "
+                f"bias={self.bias}, batch_first={self.batch_first}, dropout={self.dropout}, "
+                f"bidirectional={self.bidirectional}, backend={self.layer.backend!r}")
+
+
+__all__ = ["RNN", "from_numpy", "to_numpy"]

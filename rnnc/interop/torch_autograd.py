@@ -1,0 +1,219 @@
+"""The ``torch.autograd.Function``s behind ``rnnc.torch.RNN``, and its tensor <-> array bridge.
+
+``apply`` runs the module's layers as one ``autograd.Function`` over ``rnnc.RNN.forward`` and
+``backward``; its backward is a second ``autograd.Function`` whose own backward is
+``rnnc.RNN.double_backward``. Both have ``vmap`` rules, so ``torch.func.vmap`` and
+``gradcheck``'s batched checks work through them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from rnnc.interop.torch import RNN
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """Return a NumPy view of a CPU tensor (a host copy for other devices), without autograd."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    return t.numpy()
+
+
+def from_numpy(a: Any, like: torch.Tensor) -> torch.Tensor:
+    """Return ``a`` as a tensor on ``like``'s device, sharing memory where it can."""
+    if isinstance(a, np.ndarray):
+        t = torch.from_numpy(np.ascontiguousarray(a))
+    else:  # a device array (CuPy) from a GPU backend: exchange through DLPack
+        t = torch.from_dlpack(a)
+    return t if t.device == like.device else t.to(like.device)
+
+
+def apply(module: RNN, lengths: np.ndarray | None, seed: int | None, x: torch.Tensor,
+          states: list[torch.Tensor | None], params: list[torch.Tensor]
+          ) -> tuple[torch.Tensor, ...]:
+    """``(y, *final_states)`` of ``module``'s layers, differentiable by torch's autograd.
+
+    ``seed`` seeds the dropout masks (None: no dropout); ``params`` are the module's
+    parameters in ``_flat_parameters`` order.
+    """
+    return _Apply.apply(module, lengths, seed, _Box(), x, *states, *params)
+
+
+class _Box:
+    """Carries the layer's tape from ``_Apply.forward`` to ``setup_context`` (not a tensor)."""
+
+    tape: Any = None
+
+
+class _Apply(torch.autograd.Function):
+    """``(x, *states, *params) -> (y, *final_states)`` through rnnc's layer.
+
+    Written in the functorch style (``setup_context`` apart from ``forward``) so that
+    ``torch.func.vmap`` can batch it: the ``vmap`` rule folds the vmapped dimension into the
+    batch when only inputs and states are batched, and loops over it otherwise.
+    """
+
+    @staticmethod
+    def forward(module: RNN, lengths: np.ndarray | None, seed: int | None, box: _Box,
+                x: torch.Tensor, *tensors: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        names = module.state_names
+        states = {n: to_numpy(s) for n, s in zip(names, tensors, strict=False) if s is not None}
+        grid = module._rnnc_params(tensors[len(names):])
+        rng = None if seed is None else np.random.default_rng(seed)
+        y, final, box.tape = module.layer.forward(to_numpy(x), lengths, states, train=True,
+                                                  params=grid, rng=rng,
+                                                  apply_dropout=seed is not None)
+        return (from_numpy(y, x), *(from_numpy(final[n], x) for n in names))
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        module, _, _, box, x, *tensors = inputs
+        ctx.module, ctx.tape = module, box.tape
+        ctx.given = tuple(s is not None for s in tensors[:len(module.state_names)])
+        # The tape reads x, the states and the weights in place (no copies). Saving them makes
+        # autograd check their versions: changed in place before backward, backward raises
+        # "modified by an inplace operation" as nn.LSTM does, instead of wrong gradients.
+        ctx.save_for_backward(x, *tensors)
+
+    @staticmethod
+    def backward(ctx: Any, d_y: torch.Tensor, *d_final: torch.Tensor
+                 ) -> tuple[torch.Tensor | None, ...]:
+        # Reading them is the version check; passing them on makes the gradients functions of
+        # x, the states and the weights too, for double backward.
+        primals = ctx.saved_tensors
+
+        def run(*cotangents: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return _Backward.apply(ctx.module, ctx.tape, ctx.given, *cotangents, *primals)
+
+        grads = list(_legacy_vmap_loop(run, (d_y, *d_final)))
+        d_x = grads.pop(0)
+        d_states = [grads.pop(0) if given else None for given in ctx.given]
+        return (None, None, None, None, d_x, *d_states, *grads)
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple[int | None, ...], module: RNN,
+             lengths: np.ndarray | None, seed: int | None, box: _Box, x: torch.Tensor,
+             *tensors: torch.Tensor | None) -> tuple[tuple[torch.Tensor, ...], tuple[int, ...]]:
+        n_states = len(module.state_names)
+        dims = in_dims[4:]
+        if all(d is None for d in dims[1 + n_states:]):
+            return _fold_vmap(info.batch_size, dims, module, lengths, seed, x, tensors)
+        return _loop_vmap(info.batch_size, dims, lambda *a: _Apply.apply(
+            module, lengths, seed, _Box(), *a), (x, *tensors))
+
+
+def _fold_vmap(V: int, dims: tuple[int | None, ...], module: RNN, lengths: np.ndarray | None,
+               seed: int | None, x: torch.Tensor, tensors: tuple[torch.Tensor | None, ...]
+               ) -> tuple[tuple[torch.Tensor, ...], tuple[int, ...]]:
+    """Run a vmap over inputs and states only as one call with batch ``V * B``."""
+    axis = 0 if module.batch_first else 1  # the batch axis of x; states have it at 1
+    n_states = len(module.state_names)
+
+    def fold(t: torch.Tensor | None, dim: int | None, at: int) -> torch.Tensor | None:
+        if t is None:
+            return None
+        t = t.unsqueeze(0).expand(V, *t.shape) if dim is None else t.movedim(dim, 0)
+        t = t.movedim(0, at)  # (..., V, B, ...): V becomes the outer part of the batch
+        return t.reshape(*t.shape[:at], -1, *t.shape[at + 2:])
+
+    xs = fold(x, dims[0], axis)
+    states = [fold(s, d, 1) for s, d in zip(tensors[:n_states], dims[1:1 + n_states],
+                                            strict=True)]
+    lens = None if lengths is None else np.tile(lengths, V)
+    y, *final = _Apply.apply(module, lens, seed, _Box(), xs, *states, *tensors[n_states:])
+    unfold = [(y, axis)] + [(f, 1) for f in final]
+    out = tuple(t.reshape(*t.shape[:at], V, -1, *t.shape[at + 1:]) for t, at in unfold)
+    return out, tuple(at for _, at in unfold)
+
+
+def _loop_vmap(V: int, dims: tuple[int | None, ...], run: Any,
+               args: tuple[torch.Tensor | None, ...]
+               ) -> tuple[tuple[torch.Tensor, ...], tuple[int, ...]]:
+    """Run a vmap as ``V`` calls, one per slice, stacking the results on dimension 0."""
+    results = []
+    for i in range(V):
+        results.append(run(*(a if d is None or a is None else a.select(d, i)
+                             for a, d in zip(args, dims, strict=True))))
+    out = tuple(torch.stack(parts) for parts in zip(*results, strict=True))
+    return out, (0,) * len(out)
+
+
+def _legacy_vmap_loop(run: Any, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """``run(*args)``, looping over the batch when ``args`` are batched by the legacy
+    ``torch._vmap_internals.vmap`` (what ``gradcheck(check_batched_grad=True)`` uses over
+    backward), which, unlike ``torch.func.vmap``, ignores an autograd.Function's vmap rule.
+    """
+    batched = [torch._C._functorch.is_legacy_batchedtensor(a) for a in args]
+    if not any(batched):
+        return run(*args)
+    level = torch._C._vmapmode_increment_nesting() - 1  # the innermost level: the caller's
+    torch._C._vmapmode_decrement_nesting()
+    # batch size 1 is only a hint: a batched tensor comes back with its own batch size
+    physical = [torch._remove_batch_dim(a, level, 1, 0) if b else a
+                for a, b in zip(args, batched, strict=True)]
+    V = next(p.shape[0] for p, b in zip(physical, batched, strict=True) if b)
+    results = [run(*(p[i] if b else p for p, b in zip(physical, batched, strict=True)))
+               for i in range(V)]
+    return tuple(torch._add_batch_dim(torch.stack(parts), 0, level)
+                 for parts in zip(*results, strict=True))
+
+
+class _Backward(torch.autograd.Function):
+    """``(d_y, *d_final) -> (d_x, *d_given_states, *d_params)`` from a forward's tape.
+
+    A function of its own so that a vmap over gradients (``gradcheck``'s batched checks)
+    has a rule: a loop over the cotangents, reusing the tape. It also takes the forward's
+    ``x``, states and weights (``primals``; the tape already holds their values) so that its
+    own derivative, double backward, reaches them: ``rnnc.RNN.double_backward``, which
+    differentiates rnnc's backward programs. A third derivative raises.
+    """
+
+    @staticmethod
+    def forward(module: RNN, tape: Any, given: tuple[bool, ...], d_y: torch.Tensor,
+                *rest: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        names = module.state_names
+        d_final = rest[:len(names)]
+        g = module.layer.backward(tape, to_numpy(d_y),
+                                  {n: to_numpy(d) for n, d in zip(names, d_final, strict=True)})
+        d_states = [from_numpy(g.states[n], d_y) for n, k in zip(names, given, strict=True) if k]
+        d_params = [from_numpy(a, d_y) for a in module._torch_grads(g.params)]
+        return (from_numpy(g.x, d_y), *d_states, *d_params)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        module, tape, given, d_y, *rest = inputs
+        ctx.module, ctx.tape, ctx.given = module, tape, given
+        ctx.save_for_backward(d_y, *rest[:len(module.state_names)])
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, u_x: torch.Tensor, *u_rest: torch.Tensor
+                 ) -> tuple[torch.Tensor | None, ...]:
+        module, names = ctx.module, ctx.module.state_names
+        d_y, *d_final = ctx.saved_tensors
+        u = list(u_rest)
+        u_states = {n: to_numpy(u.pop(0)) if given else np.zeros_like(to_numpy(d))
+                    for n, given, d in zip(names, ctx.given, d_final, strict=True)}
+        c_dy, c_d_states, c = module.layer.double_backward(
+            ctx.tape, to_numpy(d_y), {n: to_numpy(d) for n, d in zip(names, d_final,
+                                                                      strict=True)},
+            to_numpy(u_x), module._rnnc_params(tuple(u)), u_states)
+        c_states = [from_numpy(c.states[n], d_y) if given else None
+                    for n, given in zip(names, ctx.given, strict=True)]
+        return (None, None, None, from_numpy(c_dy, d_y),
+                *(from_numpy(c_d_states[n], d_y) for n in names),
+                from_numpy(c.x, d_y), *c_states,
+                *(from_numpy(a, d_y) for a in module._torch_grads(c.params)))
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple[int | None, ...], module: RNN, tape: Any,
+             given: tuple[bool, ...], d_y: torch.Tensor, *rest: torch.Tensor | None
+             ) -> tuple[tuple[torch.Tensor, ...], tuple[int, ...]]:
+        return _loop_vmap(info.batch_size, in_dims[3:], lambda *a: _Backward.apply(
+            module, tape, given, *a), (d_y, *rest))

@@ -1,0 +1,26 @@
+"""Multi-layer, bidirectional recurrent layers over compiled cells, with PyTorch's shapes.
+
+``rnnc.RNN`` stacks ``num_layers`` layers of one cell, each run forward and (when
+``bidirectional``) reversed, with dropout between layers. Shapes follow ``torch.nn.LSTM``:
+``x`` is ``(T, B, input_size)`` (``(B, T, input_size)`` with ``batch_first``), ``y`` is
+``(T, B, D*H)`` with the forward direction in ``y[..., :H]`` and the reverse one in
+``y[..., H:]``, and every state is ``(L*D, B, H)`` indexed ``layer*D + direction``.
+
+One compiled ``Function`` per direction serves every layer with the same input width: layer
+0 reads ``input_size`` features, layers above read ``D*H``. The reverse direction is the same
+cell compiled with ``reverse=True``, a scan from the last step to the first on the input as
+it is; each sequence starts at its own last step (as cuDNN and PyTorch do with packed
+sequences), because the masked steps past its length come first and hold the initial state.
+Outputs are zero past each sequence's length.
+
+The parts: ``rnn`` (the ``RNN`` object), ``checks`` (the caller's arguments), ``run`` (the
+forward run) and ``backward`` (gradients and their derivative).
+"""
+
+from rnnc.layers.backward import LayerGrads
+from rnnc.layers.checks import MODES, CellFactory, Grid, check_dropout, check_picklable
+from rnnc.layers.rnn import RNN, fastest_backend
+from rnnc.layers.run import LayerTape
+
+__all__ = ["MODES", "RNN", "CellFactory", "Grid", "LayerGrads", "LayerTape", "check_dropout",
+           "check_picklable", "fastest_backend"]

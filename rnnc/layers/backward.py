@@ -1,0 +1,202 @@
+"""The backward paths of ``rnnc.RNN``: gradients, and the derivative of the gradients.
+
+Both compose the compiled cells' own ``backward`` and ``double_backward`` the way the forward
+run composes the cells: layer by layer, each direction through its own compiled function (the
+reverse direction's runs backwards in time itself), through the dropout masks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rnnc.api import Grads
+from rnnc.errors import RnncTypeError, RnncValueError
+from rnnc.layers import checks
+from rnnc.layers.checks import Grid
+from rnnc.layers.run import LayerTape, valid_steps, zero_past_lengths
+
+if TYPE_CHECKING:
+    from rnnc.layers.rnn import RNN
+
+States = dict[str, np.ndarray]
+
+
+@dataclass
+class LayerGrads:
+    """Gradients: ``x`` shaped like the input, ``params[layer][direction]`` and ``states``."""
+
+    x: np.ndarray
+    params: Grid
+    states: dict[str, np.ndarray]
+
+
+class _Paths:
+    """How one tape's arrays reach its cells: time order per direction, lengths, dropout."""
+
+    def __init__(self, layer: RNN, tape: LayerTape) -> None:
+        self.layer, self.tape = layer, tape
+        self.valid = valid_steps(tape.T, tape.lengths)
+
+    def time_major(self, a: np.ndarray) -> np.ndarray:
+        """``(T, B, ...)`` from the layer's layout (its own inverse)."""
+        return a.transpose(1, 0, 2) if self.layer.batch_first else a
+
+    def output_cotangent(self, g: np.ndarray, d: int) -> np.ndarray:
+        """Direction ``d``'s part of a layer output's cotangent, as its cell sees it."""
+        H = self.layer.output_size
+        return np.ascontiguousarray(zero_past_lengths(g[:, :, d * H:(d + 1) * H], self.valid))
+
+    def dropout(self, k: int, g: np.ndarray) -> np.ndarray:
+        """``g`` through the dropout mask after layer ``k`` (none after the last)."""
+        mask = self.tape.dropout_masks[k] if k < self.layer.num_layers - 1 else None
+        return g if mask is None else g * mask
+
+    def layer_backward(self, k: int, g_out: np.ndarray, d_states: Mapping[str, np.ndarray],
+                       into: np.ndarray | None = None) -> tuple[np.ndarray, list[Grads]]:
+        """Backward through layer ``k`` given its output's cotangent (before dropout) and the
+        final states' ``(L*D, B, size)``: its input's cotangent (added to ``into`` when given)
+        and each direction's Grads."""
+        layer, tape, D = self.layer, self.tape, self.layer.num_directions
+        g_out = self.dropout(k, g_out)
+        gx = np.zeros((tape.T, tape.B, layer.layer_input_size(k)), tape.dtype) \
+            if into is None else into
+        grads = []
+        for d in range(D):
+            g = layer.function(k, d).backward(
+                tape.tapes[k][d], {layer.output_name: self.output_cotangent(g_out, d)},
+                {n: d_states[n][k * D + d] for n in layer.state_sizes})
+            gx += g.x
+            grads.append(g)
+        return gx, grads
+
+
+def _check_tape(layer: RNN, tape: Any) -> LayerTape:
+    if not isinstance(tape, LayerTape):
+        raise RnncTypeError(f"backward() takes the tape from forward(train=True), got "
+                            f"{type(tape).__name__}")
+    if tape.owner is not layer:
+        raise RnncValueError("this tape was recorded by another layer")
+    return tape
+
+
+def _zero_states(layer: RNN, B: int, dtype: np.dtype) -> States:
+    LD = layer.num_layers * layer.num_directions
+    return {n: np.zeros((LD, B, s), dtype) for n, s in layer.state_sizes.items()}
+
+
+def backward_empty(layer: RNN, tape: LayerTape) -> LayerGrads:
+    """Zero gradients for an empty batch: every parameter's gradient is a sum over none."""
+    dtype = tape.dtype
+    x_shape = (0, tape.T, layer.input_size) if layer.batch_first else \
+        (tape.T, 0, layer.input_size)
+    params = [[{n: np.zeros(a.shape, dtype) for n, a in p.items()} for p in row]
+              for row in layer.params]
+    return LayerGrads(np.zeros(x_shape, dtype), params, _zero_states(layer, 0, dtype))
+
+
+def backward(layer: RNN, tape: Any, d_y: Any, d_states: Any) -> LayerGrads:
+    """The gradients of ``RNN.backward``: down the layers, each direction's cell backward."""
+    tape = _check_tape(layer, tape)
+    L, D, T, B = layer.num_layers, layer.num_directions, tape.T, tape.B
+    g_in = checks.check_d_y(layer, d_y, T, B, tape.dtype)
+    d_st = checks.check_states(layer, d_states, B, tape.dtype, "state gradient")
+    if B == 0:
+        return backward_empty(layer, tape)
+    paths = _Paths(layer, tape)
+    g_params: Grid = [[{} for _ in range(D)] for _ in range(L)]
+    g_states = {n: np.empty((L * D, B, s), tape.dtype) for n, s in layer.state_sizes.items()}
+    for k in range(L - 1, -1, -1):
+        g_in, grads = paths.layer_backward(k, g_in, d_st)
+        for d, g in enumerate(grads):
+            g_params[k][d] = g.params
+            for n in layer.state_sizes:
+                g_states[n][k * D + d] = g.states[n]
+    gx = paths.time_major(zero_past_lengths(g_in, paths.valid))
+    return LayerGrads(np.ascontiguousarray(gx), g_params, g_states)
+
+
+def double_backward(layer: RNN, tape: LayerTape, d_y: np.ndarray,
+                    d_states: Mapping[str, np.ndarray], g_x: np.ndarray, g_params: Grid,
+                    g_states: Mapping[str, np.ndarray]
+                    ) -> tuple[np.ndarray, States, LayerGrads]:
+    """The cotangents of ``RNN.double_backward``: of ``d_y``, ``d_states`` and, as
+    ``LayerGrads``, of the forward's x, params and initial states.
+
+    Each cell's part is ``Function.double_backward``; they compose as ``backward`` composes
+    the cells' backward, in reverse: up the layers for what flows through the first
+    backward's chain of ``d_y``, then down the layers for what reaches a layer's input,
+    which the layer below computed.
+    """
+    if tape.B == 0:
+        grads = backward_empty(layer, tape)
+        return np.zeros_like(d_y), {n: np.zeros_like(v) for n, v in d_states.items()}, grads
+    paths = _Paths(layer, tape)
+    d_out = _replay(paths, np.asarray(d_y), d_states)
+    c_d_y, c_d_states, c_inputs, c = _up(paths, d_out, d_states, g_x, g_params, g_states)
+    _down(paths, c_inputs, c)
+    c.x = np.ascontiguousarray(paths.time_major(zero_past_lengths(c_inputs[0], paths.valid)))
+    return np.ascontiguousarray(paths.time_major(c_d_y)), c_d_states, c
+
+
+def _replay(paths: _Paths, d_y: np.ndarray, d_states: Mapping[str, np.ndarray]
+            ) -> list[np.ndarray]:
+    """Replay the first backward down the layers: the cotangent of each layer's output."""
+    L = paths.layer.num_layers
+    d_out: list[np.ndarray] = [np.empty(0)] * L
+    d_out[L - 1] = paths.time_major(d_y)
+    for k in range(L - 1, 0, -1):
+        d_out[k - 1], _ = paths.layer_backward(k, d_out[k], d_states)
+    return d_out
+
+
+def _up(paths: _Paths, d_out: list[np.ndarray], d_states: Mapping[str, np.ndarray],
+        g_x: np.ndarray, g_params: Grid, g_states: Mapping[str, np.ndarray]
+        ) -> tuple[np.ndarray, States, list[np.ndarray], LayerGrads]:
+    """Up the layers: each cell's double backward, given what flows into its gradients.
+
+    Returns the cotangents of ``d_y``, of ``d_states``, of each layer's input, and the
+    parameters' and initial states' so far (``x`` still empty).
+    """
+    layer, tape = paths.layer, paths.tape
+    L, D, H, out = layer.num_layers, layer.num_directions, layer.output_size, layer.output_name
+    names = layer.state_sizes
+    u = zero_past_lengths(paths.time_major(np.asarray(g_x)), paths.valid)
+    c = LayerGrads(np.empty(0), [[{} for _ in range(D)] for _ in range(L)],
+                   _zero_states(layer, tape.B, tape.dtype))
+    c_d_states = _zero_states(layer, tape.B, tape.dtype)
+    c_inputs: list[np.ndarray] = []
+    for k in range(L):
+        c_d_out = np.zeros((tape.T, tape.B, D * H), tape.dtype)
+        c_inputs.append(np.zeros((tape.T, tape.B, layer.layer_input_size(k)), tape.dtype))
+        for d in range(D):
+            row, fn = k * D + d, layer.function(k, d)
+            dd_out, dd_st, g = fn.double_backward(
+                tape.tapes[k][d], {out: paths.output_cotangent(paths.dropout(k, d_out[k]), d)},
+                {n: d_states[n][row] for n in names}, {next(iter(fn.inputs)): u},
+                g_params[k][d], {n: g_states[n][row] for n in names})
+            c_d_out[:, :, d * H:(d + 1) * H] = zero_past_lengths(dd_out[out], paths.valid)
+            c_inputs[k] += g.x
+            c.params[k][d] = {n: a.copy() for n, a in g.params.items()}
+            for n in names:
+                c.states[n][row] = g.states[n]
+                c_d_states[n][row] = dd_st[n]
+        u = paths.dropout(k, c_d_out)
+    return u, c_d_states, c_inputs, c
+
+
+def _down(paths: _Paths, c_inputs: list[np.ndarray], c: LayerGrads) -> None:
+    """Down the layers: a layer's input is the layer below's output, so the cotangent of
+    layer ``k``'s input flows back through layer ``k - 1`` (added to ``c_inputs`` and ``c``)."""
+    layer, D = paths.layer, paths.layer.num_directions
+    zeros = _zero_states(layer, paths.tape.B, paths.tape.dtype)
+    for k in range(layer.num_layers - 1, 0, -1):
+        _, grads = paths.layer_backward(k - 1, c_inputs[k], zeros, into=c_inputs[k - 1])
+        for d, g in enumerate(grads):
+            for n, a in g.params.items():
+                c.params[k - 1][d][n] += a
+            for n in layer.state_sizes:
+                c.states[n][(k - 1) * D + d] += g.states[n]

@@ -1,0 +1,246 @@
+"""Checks of what a caller gives ``rnnc.RNN``: constructor arguments, cells, arrays, states.
+
+Each check raises an ``RnncError`` subclass whose message names the argument and, where a
+common mistake explains the value, the fix.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rnnc import backends, validate
+from rnnc.dsl import Cell
+from rnnc.errors import CellError, RnncPicklingError, RnncTypeError, RnncValueError
+
+if TYPE_CHECKING:
+    from rnnc.layers.rnn import RNN
+
+CellFactory = Callable[[int, int], Cell]
+Params = dict[str, np.ndarray]
+Grid = list[list[Params]]
+
+MODES: tuple[str, ...] = ("rnn_tanh", "rnn_relu", "lstm", "gru")
+"""The standard modes: PyTorch's RNN (tanh and relu), LSTM and GRU."""
+
+
+def check_int(value: Any, name: str, low: int) -> int:
+    """Return ``value`` as an int, raising unless it is an integer >= ``low``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise RnncValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+def check_mode(mode: Any) -> str | CellFactory:
+    """Return ``mode``: one of ``MODES`` or a callable cell factory."""
+    if isinstance(mode, str):
+        if mode not in MODES:
+            raise RnncValueError(f"mode must be one of {', '.join(map(repr, MODES))} or a "
+                                 f"cell factory, got {mode!r}")
+    elif not callable(mode):
+        raise RnncTypeError(f"mode must be a string or a cell factory, got "
+                            f"{type(mode).__name__}")
+    return mode
+
+
+def check_proj_size(proj_size: Any, mode: str | CellFactory, hidden_size: int) -> int:
+    """Return ``proj_size``: 0, or smaller than ``hidden_size`` for mode ``"lstm"``."""
+    proj_size = check_int(proj_size, "proj_size", 0)
+    if proj_size and mode != "lstm":
+        raise RnncValueError(f"proj_size needs mode 'lstm' (torch's LSTM with projections), "
+                             f"got mode {mode!r}")
+    if proj_size >= hidden_size:
+        raise RnncValueError(f"proj_size must be smaller than hidden_size "
+                             f"({hidden_size}), got {proj_size}")
+    return proj_size
+
+
+def check_dtype(dtype: Any) -> np.dtype:
+    """Return ``dtype`` as a NumPy dtype, float32 or float64."""
+    dtype = np.dtype(dtype)
+    if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise RnncTypeError(f"dtype must be float32 or float64, got {dtype}")
+    return dtype
+
+
+def check_backend(backend: Any) -> str:
+    """Return ``backend`` when it names one of rnnc's backends."""
+    if backend not in backends.NAMES:
+        raise RnncValueError(f"unknown backend {backend!r}; expected one of "
+                             f"{', '.join(backends.NAMES)} or None")
+    return backend
+
+
+def check_picklable(mode: str | CellFactory) -> None:
+    """Raise ``RnncPicklingError`` unless pickle can store the cell factory ``mode``.
+
+    A pickled layer keeps its factory and rebuilds its compiled functions from it, so the
+    factory must be importable: a module-level function (or a mode string), not a lambda or a
+    function defined inside another one.
+    """
+    if isinstance(mode, str):
+        return
+    try:
+        pickle.dumps(mode)
+    except Exception as err:  # noqa: BLE001 - pickle raises several kinds for the same cause
+        name = getattr(mode, "__qualname__", type(mode).__name__)
+        raise RnncPicklingError(
+            f"cannot pickle the cell factory {name!r} ({err}); a pickled layer rebuilds its "
+            f"compiled functions from the factory, so define it as a module-level function "
+            f"(def factory(input_size, hidden_size) in an importable module) or use a mode "
+            f"string") from err
+
+
+def check_dropout(value: Any) -> float:
+    """Return ``value`` as a float probability in [0, 1] (1 zeroes everything, as in torch)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not 0.0 <= float(value) <= 1.0:
+        raise RnncValueError(f"dropout must be a probability in [0, 1], got {value!r}")
+    return float(value)
+
+
+def check_factory_cell(cell: Any, in_size: int) -> Cell:
+    """Return what a cell factory made for input width ``in_size``: a valid one-input Cell."""
+    if not isinstance(cell, Cell):
+        raise RnncTypeError(f"the cell factory must return an rnnc.Cell, got "
+                            f"{type(cell).__name__}")
+    cell.check()
+    inputs = cell.sizes("input")
+    if len(inputs) != 1:
+        raise CellError(f"a layer needs a cell with one input, cell {cell.name!r} has "
+                        f"{sorted(inputs)}")
+    got = next(iter(inputs.values()))[-1]
+    if got != in_size:
+        raise CellError(f"the cell factory was asked for input size {in_size}, its cell's "
+                        f"input has {got} features")
+    return cell
+
+
+def output_name(cell: Cell, width: int, hidden_size: int) -> str:
+    """Return the name of the output a layer stacks: the only one, or ``"y"`` among several;
+    it must have ``width`` features."""
+    names = list(cell.outputs)
+    if not names:
+        raise CellError(f"a layer needs a cell with an output, cell {cell.name!r} has none")
+    name = names[0] if len(names) == 1 else "y"
+    if name not in cell.outputs:
+        raise CellError(f"cell {cell.name!r} has several outputs {names}; a layer uses the "
+                        f"one named 'y'")
+    got = cell.graph.node(cell.outputs[name]).shape[-1]
+    if got != width:
+        raise CellError(f"output {name!r} of cell {cell.name!r} has {got} features, the "
+                        f"layer's hidden_size is {hidden_size}")
+    return name
+
+
+# ---------------------------------------------------------------- arguments of a call
+
+
+def check_params(layer: RNN, params: Any) -> Grid:
+    """Return ``params`` as a ``[layer][direction]`` grid (``None``: the layer's own)."""
+    if params is None:
+        return layer.params
+    L, D = layer.num_layers, layer.num_directions
+    if not isinstance(params, (list, tuple)) or len(params) != L or any(
+            not isinstance(row, (list, tuple)) or len(row) != D for row in params):
+        raise RnncValueError(f"params must be a list of {L} layers, each a list of {D} "
+                             f"parameter dicts")
+    return [list(row) for row in params]
+
+
+def check_x(layer: RNN, x: Any, dtype: np.dtype) -> np.ndarray:
+    """Return the input as a time-major ``(T, B, input_size)`` array of ``dtype``."""
+    given = x
+    x = validate.as_array(x, "x")
+    layout = "(B, T, input_size)" if layer.batch_first else "(T, B, input_size)"
+    if x.ndim != 3:
+        raise RnncValueError(f"x must have shape {layout} = 3 dimensions, got shape "
+                             f"{x.shape}")
+    if x.shape[2] != layer.input_size:
+        raise RnncValueError(f"x must have {layer.input_size} features (shape {layout}), "
+                             f"got shape {x.shape}")
+    if x.dtype != dtype:
+        if x.dtype.kind != "f":
+            validate.float_dtype(x, "x")
+        raise RnncTypeError(validate.dtype_mismatch(
+            "x", given, x.dtype.name, dtype.name, "the layer's parameters are",
+            f"a {x.dtype.name} layer (rnnc.RNN(..., dtype=np.{x.dtype.name}))"))
+    return x.transpose(1, 0, 2) if layer.batch_first else x
+
+
+def check_lengths(layer: RNN, lengths: Any, T: int, B: int) -> np.ndarray | None:
+    """Return the sequence lengths as an int array of shape ``(B,)`` in ``1..T``, or None."""
+    if lengths is None:
+        return None
+    arr = np.asarray(lengths.detach().cpu().numpy() if hasattr(lengths, "detach")
+                     else lengths)
+    if arr.ndim != 1 or arr.shape[0] != B:
+        hint = (" (with batch_first=True, x is (B, T, features))" if layer.batch_first
+                else " (with batch_first=False, x is (T, B, features))")
+        raise RnncValueError(f"lengths must have one entry per sequence: shape ({B},), got "
+                             f"{arr.shape}{hint}")
+    return validate.lengths(arr, T, B)
+
+
+def _batch_axis_hint(layer: RNN, T: int | None, B: int, LD: int, size: int,
+                     shape: tuple[int, ...]) -> str:
+    """A hint for a state shaped as if x's time axis were its batch axis."""
+    if T is None or T == B or shape != (LD, T, size):
+        return ""
+    return (f"; {T} is the size of x's time axis, not of its batch axis (B={B}): "
+            + ("with batch_first=True x is (B, T, features)" if layer.batch_first else
+               "x looks batch-first, so create the layer with batch_first=True (or pass "
+               "x.transpose(1, 0, 2))"))
+
+
+def check_states(layer: RNN, states: Any, B: int, dtype: np.dtype, what: str = "state",
+                 T: int | None = None) -> dict[str, np.ndarray]:
+    """Return every state as a ``(L*D, B, size)`` array of ``dtype`` (a missing one: zeros).
+
+    ``what`` names the states in messages ("state", "state gradient"); ``T``, when given,
+    lets a message spot a batch-first ``x`` given to a time-major layer.
+    """
+    LD = layer.num_layers * layer.num_directions
+    if states is None:
+        states = {}
+    if not isinstance(states, Mapping):
+        raise RnncTypeError(f"{what}s must be a dict by state name "
+                            f"({sorted(layer.state_sizes)}), got {type(states).__name__}")
+    unknown = sorted(set(states) - set(layer.state_sizes))
+    if unknown:
+        raise RnncValueError(f"unknown {what} {unknown[0]!r}; the states are "
+                             f"{sorted(layer.state_sizes)}")
+    out = {}
+    for name, size in layer.state_sizes.items():
+        value = states.get(name)
+        if value is None:
+            out[name] = np.zeros((LD, B, size), dtype)
+            continue
+        arr = validate.as_array(value, f"{what} {name!r}")
+        if arr.shape != (LD, B, size):
+            hint = _batch_axis_hint(layer, T, B, LD, size, arr.shape)
+            raise RnncValueError(f"{what} {name!r} must have shape (num_layers * "
+                                 f"directions, B, size) = {(LD, B, size)}, got "
+                                 f"{arr.shape}{hint}")
+        if arr.dtype != dtype:
+            raise RnncTypeError(f"{what} {name!r} is {arr.dtype}, expected {dtype}: convert "
+                                f"it with .astype(np.{dtype.name})")
+        out[name] = arr
+    return out
+
+
+def check_d_y(layer: RNN, d_y: Any, T: int, B: int, dtype: np.dtype) -> np.ndarray:
+    """Return the gradient of ``y`` time-major, ``(T, B, D*H)`` (``None``: zeros)."""
+    width = layer.num_directions * layer.output_size
+    if d_y is None:
+        return np.zeros((T, B, width), dtype)
+    y_shape = (B, T, width) if layer.batch_first else (T, B, width)
+    d_y = np.asarray(d_y)
+    if d_y.shape != y_shape:
+        raise RnncValueError(f"d_y must have the shape of y {y_shape}, got {d_y.shape}")
+    if d_y.dtype != dtype:
+        raise RnncTypeError(f"d_y is {d_y.dtype}, expected {dtype}")
+    return d_y.transpose(1, 0, 2) if layer.batch_first else d_y

@@ -1,0 +1,247 @@
+"""rnnc's peers in ``rnnc bench``: PyTorch's built-in modules, a PyTorch eager loop, JAX.
+
+Each benchmarked cell has one step function, written once against a small namespace ``m``
+(PyTorch or jax.numpy) with the gate matrices concatenated as a careful user of either would,
+and a mapping from rnnc's parameters to the step's. A peer's ``..._call`` returns a callable
+``x -> y`` (training: forward and backward of ``sum(y)``) and a label of what it runs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from rnnc.tools.bench.configs import CellSpec, Config
+
+# ---------------------------------------------------------------- the cells, once for every peer
+
+
+def _cat(p: dict, names: list[str]) -> np.ndarray:
+    return np.concatenate([p[n] for n in names], axis=-1)
+
+
+def _ln(m, v, gamma, beta, eps: float = 1e-5):
+    centred = v - m.mean(v)
+    return centred * m.rsqrt(m.mean(centred * centred) + eps) * gamma + beta
+
+
+def lstm_params(p: dict) -> dict:
+    return {"W": _cat(p, [f"W_i{g}" for g in "ifgo"]), "U": _cat(p, [f"W_h{g}" for g in "ifgo"]),
+            "b": _cat(p, [f"b_i{g}" for g in "ifgo"]) + _cat(p, [f"b_h{g}" for g in "ifgo"])}
+
+
+def lstm_step(m, x, state, q):
+    h, c = state
+    H = h.shape[-1]
+    a = x @ q["W"] + h @ q["U"] + q["b"]
+    i, f = m.sigmoid(a[:, :H]), m.sigmoid(a[:, H:2 * H])
+    g, o = m.tanh(a[:, 2 * H:3 * H]), m.sigmoid(a[:, 3 * H:])
+    c = f * c + i * g
+    h = o * m.tanh(c)
+    return h, (h, c)
+
+
+def gru_params(p: dict) -> dict:
+    return {"W": _cat(p, [f"W_i{g}" for g in "rzn"]), "U": _cat(p, [f"W_h{g}" for g in "rzn"]),
+            "bi": _cat(p, [f"b_i{g}" for g in "rzn"]), "bh": _cat(p, [f"b_h{g}" for g in "rzn"])}
+
+
+def gru_step(m, x, state, q):
+    (h,) = state
+    H = h.shape[-1]
+    a = x @ q["W"] + q["bi"]
+    b = h @ q["U"] + q["bh"]
+    r = m.sigmoid(a[:, :H] + b[:, :H])
+    z = m.sigmoid(a[:, H:2 * H] + b[:, H:2 * H])
+    n = m.tanh(a[:, 2 * H:] + r * b[:, 2 * H:])
+    h = (1 - z) * n + z * h
+    return h, (h,)
+
+
+def mgu_params(p: dict) -> dict:
+    return {"W": _cat(p, ["W_f", "W_n"]), "U_f": p["U_f"], "U_n": p["U_n"],
+            "b": _cat(p, ["b_f", "b_n"])}
+
+
+def mgu_step(m, x, state, q):
+    (h,) = state
+    H = h.shape[-1]
+    a = x @ q["W"] + q["b"]
+    f = m.sigmoid(a[:, :H] + h @ q["U_f"])
+    n = m.tanh(a[:, H:] + (f * h) @ q["U_n"])
+    h = (1 - f) * h + f * n
+    return h, (h,)
+
+
+def peephole_params(p: dict) -> dict:
+    return {"W": _cat(p, [f"W_{g}" for g in "ifco"]), "U": _cat(p, [f"U_{g}" for g in "ifco"]),
+            "b": _cat(p, [f"b_{g}" for g in "ifco"]),
+            "p_i": p["p_i"], "p_f": p["p_f"], "p_o": p["p_o"]}
+
+
+def peephole_step(m, x, state, q):
+    h, c = state
+    H = h.shape[-1]
+    a = x @ q["W"] + h @ q["U"] + q["b"]
+    i = m.sigmoid(a[:, :H] + c * q["p_i"])
+    f = m.sigmoid(a[:, H:2 * H] + c * q["p_f"])
+    c = f * c + i * m.tanh(a[:, 2 * H:3 * H])
+    o = m.sigmoid(a[:, 3 * H:] + c * q["p_o"])
+    h = o * m.tanh(c)
+    return h, (h, c)
+
+
+def ln_lstm_step(m, x, state, q):
+    h, c = state
+    H = h.shape[-1]
+    a = _ln(m, x @ q["W"], q["g_i"], q["b_i"]) + _ln(m, h @ q["U"], q["g_h"], q["b_h"])
+    i, f = m.sigmoid(a[:, :H]), m.sigmoid(a[:, H:2 * H])
+    g, o = m.tanh(a[:, 2 * H:3 * H]), m.sigmoid(a[:, 3 * H:])
+    c = _ln(m, f * c + i * g, q["g_c"], q["b_c"])
+    h = o * m.tanh(c)
+    return h, (h, c)
+
+
+
+# ---------------------------------------------------------------- PyTorch
+
+
+class _TorchMath:
+    def __init__(self, torch) -> None:
+        self.sigmoid, self.tanh, self.rsqrt = torch.sigmoid, torch.tanh, torch.rsqrt
+
+    @staticmethod
+    def mean(v):
+        return v.mean(-1, keepdim=True)
+
+
+def torch_module(spec: CellSpec, config: Config, grid: list) -> Any:
+    """A new ``nn.LSTM`` / ``nn.GRU`` holding the same weights as rnnc (on the CPU)."""
+    import torch
+
+    from rnnc.interop.weights import layers_to_torch_state_dict
+
+    module = getattr(torch.nn, spec.torch_module)(
+        config.I, config.H, num_layers=config.layers, bidirectional=config.directions == 2)
+    state = layers_to_torch_state_dict(spec.mode, grid)
+    with torch.no_grad():
+        module.load_state_dict({n: torch.from_numpy(a) for n, a in state.items()})
+    return module
+
+
+def torch_builtin_call(spec: CellSpec, config: Config, grid: list, mode: str):
+    """nn.LSTM / nn.GRU holding the same weights as rnnc (PyTorch's gate order and layout)."""
+    import torch
+
+    module = torch_module(spec, config, grid)
+    if mode == "inference":
+        def infer(x):
+            with torch.no_grad():
+                return module(x)[0]
+        return infer, f"nn.{spec.torch_module}"
+
+    def train(x):
+        module.zero_grad(set_to_none=True)
+        x = x.detach().requires_grad_(True)
+        y = module(x)[0]
+        y.sum().backward()
+        return y
+    return train, f"nn.{spec.torch_module}"
+
+
+def torch_eager_call(spec: CellSpec, config: Config, grid: list, mode: str):
+    """A Python loop over time of the same cell, one small PyTorch op at a time."""
+    import torch
+
+    m = _TorchMath(torch)
+    weights = [[{k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in
+                 spec.peer_params(p).items()} for p in row] for row in grid]
+    leaves = [w for row in weights for q in row for w in q.values()]
+
+    def forward(x):
+        T, B = x.shape[0], x.shape[1]
+        for row in weights:
+            outs = []
+            for d, q in enumerate(row):
+                state = tuple(x.new_zeros(B, config.H) for _ in spec.states)
+                ys = [None] * T
+                for t in (range(T) if d == 0 else range(T - 1, -1, -1)):
+                    ys[t], state = spec.step(m, x[t], state, q)
+                outs.append(torch.stack(ys))
+            x = outs[0] if len(outs) == 1 else torch.cat(outs, -1)
+        return x
+
+    if mode == "inference":
+        def infer(x):
+            with torch.no_grad():
+                return forward(x)
+        return infer, "eager loop"
+
+    def train(x):
+        for w in leaves:
+            w.grad = None
+            w.requires_grad_(True)
+        x = x.detach().requires_grad_(True)
+        y = forward(x)
+        y.sum().backward()
+        return y
+    return train, "eager loop"
+
+
+# ---------------------------------------------------------------- JAX
+
+
+
+def jax_available() -> bool:
+    try:
+        import jax  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def jax_call(spec: CellSpec, config: Config, grid: list, mode: str):
+    """jax.lax.scan of the same cell under jax.jit; training is jax.grad of sum(y), jitted."""
+    import jax
+    import jax.numpy as jnp
+
+    class m:
+        sigmoid, tanh, rsqrt = jax.nn.sigmoid, jnp.tanh, jax.lax.rsqrt
+
+        @staticmethod
+        def mean(v):
+            return jnp.mean(v, -1, keepdims=True)
+
+    weights = [[{k: jnp.asarray(v) for k, v in spec.peer_params(p).items()} for p in row]
+               for row in grid]
+
+    def forward(weights, x):
+        B = x.shape[1]
+        for row in weights:
+            outs = []
+            for d, q in enumerate(row):
+                def body(state, xt, q=q):
+                    y, state = spec.step(m, xt, state, q)
+                    return state, y
+                init = tuple(jnp.zeros((B, config.H), x.dtype) for _ in spec.states)
+                outs.append(jax.lax.scan(body, init, x, reverse=d == 1)[1])
+            x = outs[0] if len(outs) == 1 else jnp.concatenate(outs, -1)
+        return x
+
+    if mode == "inference":
+        fwd = jax.jit(forward)
+        return (lambda x: fwd(weights, x).block_until_ready()), "lax.scan+jit"
+
+    def loss(weights, x):
+        y = forward(weights, x)
+        return jnp.sum(y), y
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1), has_aux=True))
+
+    def train(x):
+        g, y = grad(weights, x)
+        jax.block_until_ready(g)
+        return y
+    return train, "lax.scan+jit"
