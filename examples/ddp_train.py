@@ -57,6 +57,8 @@ def train(rank: int, world_size: int, port: int, steps: int) -> None:
     if rank == 0:
         same = all(torch.equal(gathered[0], g) for g in gathered)
         print(f"parameters identical on all {world_size} ranks: {same}")
+    # Tear down together: a rank that leaves while another still talks to it makes gloo abort.
+    dist.barrier()
     dist.destroy_process_group()
 
 
