@@ -1,10 +1,12 @@
 """canonicalize: CSE, DCE, constant folding, algebraic identities and bias reassociation.
 
 Equal nodes merge, dead ones go, ops on scalar constants fold, and ``a*1``, ``a+0``, ``a-0``,
-``a/1``, ``--a`` and ``1-(1-a)`` simplify. Sums of several terms are rebuilt so that each matmul
-gets its own bias add, which is what lets gate fusion fold the biases per side and hoisting move
-``x@W + b`` out of the loop. The rewrites repeat until none applies, so a second run changes
-nothing.
+``a/1``, ``--a`` and ``1-(1-a)`` simplify; ``x**p`` for p in 1, 2, 0.5, -0.5 and -1 becomes
+``x``, ``x*x``, ``sqrt``, ``rsqrt`` or ``1/x``. Sums of several terms are rebuilt so that each
+matmul gets its own bias add, which is what lets gate fusion fold the biases per side and
+hoisting move ``x@W + b`` out of the loop. The rewrites repeat until none applies, so a second
+run changes nothing. ``stop_gradient`` is never removed, although it is the identity: this pass
+runs before autodiff, which must see it (and backends compute it as a copy).
 
 Example (``tests/passes/test_pass_examples.py`` checks the listings)::
 
@@ -105,6 +107,22 @@ def _fold(g: Graph, node: Node) -> int | None:
     if not np.isfinite(value):
         return None
     return g.add(ops.constant, (), {"value": value}, origin=ORIGIN)
+
+
+def _cheap_power(g: Graph, node: Node) -> int | None:
+    """``x**1 -> x``, ``x**2 -> x*x``, ``x**0.5 -> sqrt(x)``, ``x**-0.5 -> rsqrt(x)``,
+    ``x**-1 -> 1/x``: the same values (to rounding) without a general power."""
+    x, p = node.inputs[0], node.attrs["exponent"]
+    if p == 1.0:
+        return _same_type(g, node, x)
+    if p == 2.0:
+        return g.add(ops.mul, (x, x), origin=ORIGIN)
+    if p in (0.5, -0.5):
+        return g.add(ops.sqrt if p > 0 else ops.rsqrt, (x,), origin=ORIGIN)
+    if p == -1.0:
+        one = g.add(ops.constant, (), {"value": 1.0}, origin=ORIGIN)
+        return g.add(ops.div, (one, x), origin=ORIGIN)
+    return None
 
 
 def _double_negation(g: Graph, node: Node) -> int | None:
@@ -214,6 +232,7 @@ RULES: tuple[Rule, ...] = (
     Rule("a-0", ops.sub, _operand_is(0.0, 1)),
     Rule("a/1", ops.div, _operand_is(1.0, 1)),
     Rule("--a", ops.neg, _double_negation),
+    Rule("cheap-power", ops.power, _cheap_power),
     Rule("1-(1-a)", ops.sub, _one_minus_one_minus),
     Rule("pair-matmul-bias", ops.add, _reassociate),
 )

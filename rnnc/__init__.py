@@ -2,7 +2,7 @@
 
 from rnnc import cells, printer
 from rnnc.api import Function, Grads, Tape, compile, dump
-from rnnc.composites import hard_sigmoid, layer_norm, softsign
+from rnnc.composites import hard_sigmoid, layer_norm, logsumexp, softmax, softsign
 from rnnc.dsl import FUNCTIONS, Cell, Value
 from rnnc.errors import (
     BackendUnavailable,
@@ -39,7 +39,9 @@ __all__ = [
     "dump",
     "hard_sigmoid",
     "layer_norm",
+    "logsumexp",
     "printer",
+    "softmax",
     "softsign",
 ]
 __all__ += sorted(FUNCTIONS)

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 from rnnc import ops
-from rnnc.dsl import Value, apply, mean, relu, rsqrt
-
-
-def abs(x: Value) -> Value:  # noqa: A001 - mirrors NumPy's name
-    """Elementwise absolute value, as relu(x) + relu(-x)."""
-    return relu(x) + relu(-x)
+from rnnc.dsl import Value, amax, apply, exp, log, mean, relu, rsqrt, stop_gradient
+from rnnc.dsl import abs as abs_
+from rnnc.dsl import sum as sum_
 
 
 def softsign(x: Value) -> Value:
     """x / (1 + |x|)."""
-    return x / (1.0 + abs(x))
+    return x / (1.0 + abs_(x))
 
 
 def hard_sigmoid(x: Value) -> Value:
@@ -32,6 +29,27 @@ def layer_norm(x: Value, gamma: Value | None = None, beta: Value | None = None,
     if beta is not None:
         y = y + beta
     return y
+
+
+def _shifted_exp(x: Value) -> tuple[Value, Value]:
+    """(m, exp(x - m)) with m the row's maximum: no exp overflows, the largest term is 1.
+
+    m is a constant to autodiff: the results do not depend on it mathematically, so the exact
+    gradient has no term through it (and amax's gradient at ties would only add rounding)."""
+    m = stop_gradient(amax(x))
+    return m, exp(x - m)
+
+
+def softmax(x: Value) -> Value:
+    """exp(x) / sum(exp(x)) over the feature axis, computed stably: ``(B, n) -> (B, n)``."""
+    _, z = _shifted_exp(x)
+    return z / sum_(z)
+
+
+def logsumexp(x: Value) -> Value:
+    """log(sum(exp(x))) over the feature axis, computed stably: ``(B, n) -> (B, 1)``."""
+    m, z = _shifted_exp(x)
+    return m + log(sum_(z))
 
 
 def neg(x: Value) -> Value:

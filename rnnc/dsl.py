@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from rnnc import ops
+from rnnc.dsl_docs import DOCS
 from rnnc.errors import CellError, RnncTypeError, RnncValueError, ShapeError
 from rnnc.ir import Carry, Graph, Program, Scan, Type
 from rnnc.names import Role, final_state
@@ -63,8 +64,43 @@ class Value:
     def __rtruediv__(self, o): return apply(ops.div, o, self)
     def __neg__(self): return apply(ops.neg, self)
     def __pos__(self): return self
-    def __matmul__(self, o): return apply(ops.matmul, self, o)
+    def __abs__(self): return apply(ops.abs_, self)
+    # Comparisons are 0.0/1.0 masks; == and != stay identity, which graphs rely on to hash.
+    def __lt__(self, o): return apply(ops.less, self, o)
+    def __le__(self, o): return apply(ops.less_equal, self, o)
+    def __gt__(self, o): return apply(ops.greater, self, o)
+    def __ge__(self, o): return apply(ops.greater_equal, self, o)
+
+    def __matmul__(self, o):
+        if isinstance(o, Transposed):
+            return apply(ops.matmul, self, o.matrix, transpose_b=True)
+        return apply(ops.matmul, self, o)
+
     def __rmatmul__(self, o): return apply(ops.matmul, o, self)
+
+    def __pow__(self, exponent: Any) -> Value:
+        """``x ** p`` for a constant Python number ``p``."""
+        if isinstance(exponent, bool) or not isinstance(
+                exponent, (int, float, np.floating, np.integer)):
+            raise ShapeError(f"x ** p needs a constant Python number p, got "
+                             f"{type(exponent).__name__}; for a traced exponent write "
+                             f"rnnc.exp(p * rnnc.log(x)) (at {_user_location()})")
+        return apply(ops.power, self, exponent=float(exponent))
+
+    def __rpow__(self, base: Any) -> Value:
+        raise ShapeError(f"p ** x with a traced exponent x is not supported: ** takes a constant "
+                         f"Python number exponent; write rnnc.exp(x * math.log(p)) "
+                         f"(at {_user_location()})")
+
+    @property
+    def T(self) -> Transposed:  # noqa: N802 - NumPy's name
+        """The transpose of a matrix parameter, valid only on the right of ``@``:
+        ``x @ W.T`` is ``matmul[transpose_b]`` of ``W`` as stored (tied weights)."""
+        shape = self.shape
+        if len(shape) != 2 or any(isinstance(d, str) for d in shape):
+            raise ShapeError(f".T needs a matrix parameter (k, n), got "
+                             f"{ops.fmt_shape(shape)} (at {_user_location()})")
+        return Transposed(self)
 
     def __getitem__(self, key: Any) -> Value:
         """Slice the feature axis: ``v[:, a:b]`` or ``v[..., a:b]``."""
@@ -89,7 +125,34 @@ class Value:
         raise RnncTypeError("a traced rnnc value cannot become a NumPy array")
 
 
+class Transposed:
+    """``W.T``: a matrix read transposed by the ``@`` it is the right operand of, and nothing
+    else (rnnc has no transpose op: ops act on the feature axis of each row)."""
+
+    __array_priority__ = 1000
+
+    def __init__(self, matrix: Value) -> None:
+        self.matrix = matrix
+
+    def __repr__(self) -> str:
+        return f"<rnnc.Value %{self.matrix.node}.T>"
+
+    def misuse(self, *_: Any) -> Any:
+        raise ShapeError(f"W.T is valid only as the right operand of @ (x @ W.T), not here "
+                         f"(at {_user_location()})")
+
+
+# Every operator but ``x @ W.T`` is a misuse of W.T; say so instead of a bare TypeError.
+for _name in ("add", "sub", "mul", "truediv", "pow", "matmul"):
+    setattr(Transposed, f"__{_name}__", Transposed.misuse)
+    setattr(Transposed, f"__r{_name}__", Transposed.misuse)
+for _name in ("lt", "le", "gt", "ge", "neg", "pos", "abs", "getitem", "bool", "array"):
+    setattr(Transposed, f"__{_name}__", Transposed.misuse)
+
+
 def _as_value(cell: Cell, v: Any) -> Value:
+    if isinstance(v, Transposed):
+        v.misuse()
     if isinstance(v, Value):
         if v.cell is not cell:
             raise CellError(f"a value of cell {v.cell.name!r} used in cell {cell.name!r} "
@@ -104,6 +167,9 @@ def _as_value(cell: Cell, v: Any) -> Value:
 
 def apply(op: ops.Op, *args: Any, **attrs: Any) -> Value:
     """Record ``op(*args)`` in the cell the traced arguments belong to."""
+    for a in args:
+        if isinstance(a, Transposed):
+            a.misuse()
     cells = [a.cell for a in args if isinstance(a, Value)]
     if not cells:
         raise RnncTypeError(f"{op.name} needs at least one traced rnnc value")
@@ -294,14 +360,8 @@ def _check_allocatable(name: str, shape: tuple[int, ...], dtype: Any) -> None:
 # (+ - * /, unary -, @), as indexing (v[:, a:b]) or as Python numbers, or only passes make them.
 # Every other op of the registry is a function named after it: rnnc.tanh(v), rnnc.where(c, a, b).
 _NOT_FUNCTIONS = frozenset({"add", "sub", "mul", "div", "neg", "matmul", "slice", "pad",
-                            "expand", "sum_rows", "constant"})
+                            "expand", "sum_rows", "constant", "power"})
 _OPERANDS = {1: ("x",), 2: ("a", "b"), 3: ("cond", "a", "b")}  # parameter names by arity
-_DOCS = {
-    "where": "``a`` where ``cond > 0``, else ``b`` (elementwise, broadcasting).",
-    "concat": "Concatenate a list of values along the feature axis.",
-    "mean": "Mean over the feature axis, kept as an axis of 1: ``(B, n) -> (B, 1)``.",
-    "sum": "Sum over the feature axis, kept as an axis of 1: ``(B, n) -> (B, 1)``.",
-}
 
 
 def _function(op: ops.Op) -> Callable[..., Value]:
@@ -322,7 +382,7 @@ def _function(op: ops.Op) -> Callable[..., Value]:
     function.__name__ = function.__qualname__ = op.name
     default = f"Elementwise {op.name}." if op.kind is ops.OpKind.ELEMENTWISE else \
         f"The {op.kind.value} op {op.name}."
-    function.__doc__ = _DOCS.get(op.name, default)
+    function.__doc__ = DOCS.get(op.name, default)
     return function
 
 

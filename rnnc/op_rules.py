@@ -153,6 +153,17 @@ def concat_ref(*xs):
     return np.concatenate([np.broadcast_to(x, lead + x.shape[-1:]) for x in xs], axis=-1)
 
 
+def power_ref(x, exponent: float):
+    x = np.asarray(x)
+    return np.power(x, np.asarray(exponent, x.dtype))
+
+
+def softplus_ref(x):
+    # max(x, 0) + log1p(exp(-|x|)): exp never overflows and large |x| keeps full precision.
+    x = np.asarray(x)
+    return (np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))).astype(x.dtype, copy=False)
+
+
 def where_ref(c, a, b):
     return np.where(c > 0, a, b)
 
@@ -217,6 +228,16 @@ def vjp_sqrt(e, g, xs, y):
 
 def vjp_rsqrt(e, g, xs, y):
     return (e(ops.mul, g, e(ops.mul, const(e, -0.5), e(ops.mul, y, e(ops.mul, y, y)))),)
+
+
+def vjp_power(e, g, xs, y, exponent):
+    # p * x^(p-1), not p * y / x, which is 0/0 at x = 0.
+    slope = e(ops.power, xs[0], exponent=exponent - 1.0)
+    return (e(ops.mul, g, e(ops.mul, slope, const(e, exponent))),)
+
+
+def vjp_softplus(e, g, xs, y):
+    return (e(ops.mul, g, e(ops.sigmoid, xs[0])),)
 
 
 def vjp_where(e, g, xs, y):

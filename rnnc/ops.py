@@ -28,7 +28,7 @@ class OpKind(str, Enum):
 
     ELEMENTWISE = "elementwise"  # element j of the result reads element j of each operand
     MATMUL = "matmul"
-    REDUCE = "reduce"  # over the feature axis (sum, mean) or over the rows (sum_rows)
+    REDUCE = "reduce"  # over the feature axis (sum, mean, amax, amin) or the rows (sum_rows)
     LAYOUT = "layout"  # moves columns: its ``pieces`` rule says which column it reads
     SOURCE = "source"  # no operands (constant)
     STRUCTURAL = "structural"  # arg, get, fused: the IR's own plumbing
@@ -85,6 +85,7 @@ def fmt_shape(shape: Shape) -> str:
 
 # The rules refer back to this module's ops by attribute, at call time.
 from rnnc import op_rules as rules  # noqa: E402
+from rnnc import op_rules_select as select  # noqa: E402
 
 # ---------------------------------------------------------------- the table
 
@@ -113,6 +114,19 @@ relu = _unary("relu", lambda x: np.maximum(x, 0).astype(x.dtype, copy=False), ru
 sqrt = _unary("sqrt", np.sqrt, rules.vjp_sqrt)
 rsqrt = _unary("rsqrt", lambda x: 1 / np.sqrt(x), rules.vjp_rsqrt)
 where = _register(Op("where", E, 3, rules.elementwise_shape, rules.where_ref, rules.vjp_where))
+# Comparisons give a 0.0/1.0 mask of the operands' dtype and pass no gradient.
+less = _binary("less", select.comparison(np.less), select.vjp_comparison)
+less_equal = _binary("less_equal", select.comparison(np.less_equal), select.vjp_comparison)
+greater = _binary("greater", select.comparison(np.greater), select.vjp_comparison)
+greater_equal = _binary("greater_equal", select.comparison(np.greater_equal),
+                        select.vjp_comparison)
+maximum = _binary("maximum", select.maximum_ref, select.vjp_maximum)
+minimum = _binary("minimum", select.minimum_ref, select.vjp_minimum)
+abs_ = _unary("abs", np.abs, select.vjp_abs)
+power = _unary("power", rules.power_ref, rules.vjp_power)  # attribute: exponent, a float
+softplus = _unary("softplus", rules.softplus_ref, rules.vjp_softplus)
+# The identity, with no gradient: what autodiff must treat as a constant.
+stop_gradient = _unary("stop_gradient", select.stop_gradient_ref, select.vjp_stop_gradient)
 matmul = _register(Op("matmul", M, 2, rules.matmul_shape, rules.matmul_ref, rules.vjp_matmul))
 concat = _register(Op("concat", L, None, rules.concat_shape, rules.concat_ref, rules.vjp_concat,
                       pieces=rules.concat_pieces))
@@ -125,6 +139,10 @@ sum_ = _register(Op("sum", R, 1, rules.reduce_shape,
                     lambda x: x.sum(axis=-1, keepdims=True), rules.vjp_sum))
 mean = _register(Op("mean", R, 1, rules.reduce_shape,
                     lambda x: x.mean(axis=-1, keepdims=True), rules.vjp_mean))
+amax = _register(Op("amax", R, 1, rules.reduce_shape,
+                    lambda x: x.max(axis=-1, keepdims=True), select.vjp_amax))
+amin = _register(Op("amin", R, 1, rules.reduce_shape,
+                    lambda x: x.min(axis=-1, keepdims=True), select.vjp_amin))
 expand = _register(Op("expand", L, 1, rules.expand_shape,
                       lambda x, size: np.repeat(x, size, axis=-1), rules.vjp_expand,
                       pieces=rules.expand_pieces))

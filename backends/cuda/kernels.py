@@ -234,15 +234,18 @@ class KernelWriter:
         self.scopes[-1].memo[key] = name
         return name
 
-    def loop(self, count: str, term: Callable[[str], str]) -> str:
-        """Accumulate ``term(k)`` over ``k < count`` into a new temporary."""
+    def loop(self, count: str, term: Callable[[str], str],
+             combine: Callable[[str, str], str] | None = None, init: str | None = None) -> str:
+        """Accumulate ``term(k)`` over ``k < count`` into a new temporary: its sum, or with
+        ``combine``, ``acc = combine(acc, term(k))`` starting from ``init``."""
         acc, k = self.fresh("acc"), self.fresh("k")
-        self.emit(f"{self.r.ctype} {acc} = {self.r.zero};")
+        self.emit(f"{self.r.ctype} {acc} = {self.r.zero if init is None else init};")
         block = Scope(f"for (long long {k} = 0; {k} < {count}; ++{k}) {{", k)
         parent = self.scopes[-1]
         parent.open_loop(block)
         self.scopes.append(block)
-        self.emit(f"{acc} += {term(k)};")
+        value = term(k)
+        self.emit(f"{acc} += {value};" if combine is None else f"{acc} = {combine(acc, value)};")
         self.scopes.pop()
         parent.close_loop()
         return acc
@@ -283,8 +286,9 @@ class ElementSite:
     def rows(self, i: int) -> str:
         return product(lead(self._shape(i)))
 
-    def loop(self, count: str, term: Callable[[str], str]) -> str:
-        return self.writer.loop(count, term)
+    def loop(self, count: str, term: Callable[[str], str],
+             combine: Callable[[str, str], str] | None = None, init: str | None = None) -> str:
+        return self.writer.loop(count, term, combine, init)
 
 
 class _LoopReached(Exception):
@@ -305,7 +309,8 @@ class _RecordingSite(ElementSite):
         self.reads.append(key)
         return f"read{len(self.reads) - 1}"
 
-    def loop(self, count: str, term: Callable[[str], str]) -> str:
+    def loop(self, count: str, term: Callable[[str], str],
+             combine: Callable[[str, str], str] | None = None, init: str | None = None) -> str:
         raise _LoopReached
 
 

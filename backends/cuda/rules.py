@@ -51,15 +51,17 @@ class Site(Protocol):
     def rows(self, i: int) -> str:
         """The number of rows of operand ``i`` (the product of its leading dims) as C."""
 
-    def loop(self, count: str, term: Callable[[str], str]) -> str:
-        """A temporary holding the sum of ``term(k)`` for ``k`` in ``0..count``."""
+    def loop(self, count: str, term: Callable[[str], str],
+             combine: Callable[[str, str], str] | None = None, init: str | None = None) -> str:
+        """A temporary holding the sum of ``term(k)`` for ``k`` in ``0..count``; with
+        ``combine``, ``acc = combine(acc, term(k))`` folded from ``init`` instead."""
 
 
 class CStyleRenderer:
     """C for one floating type (``"f32"`` or ``"f64"``): literals, calls, helper functions."""
 
     qualifier = "static inline"
-    functions = ("exp", "log", "tanh", "sqrt")
+    functions = ("exp", "log", "log1p", "tanh", "sqrt", "fabs", "pow")
 
     def __init__(self, dtype: str) -> None:
         assert dtype in ("f32", "f64"), dtype
@@ -100,6 +102,10 @@ class CStyleRenderer:
             f"    const {t} s = {self.one} / ({self.one} + e);\n"
             f"    return x >= {self.zero} ? s : e * s;\n"
             f"}}\n"
+            f"{q} {t} rnnc_softplus({t} x) {{\n"
+            f"    const {t} tail = {self.call('log1p', self.call('exp', f'-{fabs}(x)'))};\n"
+            f"    return (x < {self.zero} ? {self.zero} : x) + tail;\n"
+            f"}}\n"
             f"{q} long long rnnc_clamp(long long v, long long lo, long long hi) {{\n"
             f"    return v < lo ? lo : (v > hi ? hi : v);\n"
             f"}}\n"
@@ -133,6 +139,28 @@ def _function(name: str) -> Callable[[Site], str]:
 def _relu(s: Site) -> str:
     x = s.at(0)
     return f"({x} < {s.r.zero} ? {s.r.zero} : {x})"
+
+
+def _comparison(symbol: str) -> Callable[[Site], str]:
+    # C's comparisons are ordered: with NaN they are false, 0.0, as in NumPy.
+    return lambda s: f"({s.at(0)} {symbol} {s.at(1)} ? {s.r.one} : {s.r.zero})"
+
+
+def _select_first(symbol: str) -> Callable[[Site], str]:
+    """``a symbol b ? a : b``, NaN if either is: maximum (">=") and minimum ("<=")."""
+    def rule(s: Site) -> str:
+        a, b = s.at(0), s.at(1)
+        return f"(({a} {symbol} {b} || {a} != {a}) ? {a} : {b})"
+    return rule
+
+
+def _extreme(symbol: str) -> Callable[[Site], str]:
+    """amax (">") and amin ("<") over the feature axis; NaN once any element is NaN."""
+    def rule(s: Site) -> str:
+        start = s.r.literal(-math.inf if symbol == ">" else math.inf)
+        return s.loop(str(s.width(0)), lambda k: s.at(0, col=k),
+                      lambda acc, x: f"({x} {symbol} {acc} || {x} != {x}) ? {x} : {acc}", start)
+    return rule
 
 
 def _where(s: Site) -> str:
@@ -222,9 +250,21 @@ RULES: dict[ops.Op, Callable[[Site], str]] = {
     ops.sqrt: _function("sqrt"),
     ops.rsqrt: lambda s: f"({s.r.one} / {s.r.call('sqrt', s.at(0))})",
     ops.where: _where,
+    ops.less: _comparison("<"),
+    ops.less_equal: _comparison("<="),
+    ops.greater: _comparison(">"),
+    ops.greater_equal: _comparison(">="),
+    ops.maximum: _select_first(">="),
+    ops.minimum: _select_first("<="),
+    ops.abs_: _function("fabs"),
+    ops.power: lambda s: s.r.call("pow", s.at(0), s.r.literal(s.attrs["exponent"])),
+    ops.softplus: _function("softplus"),
+    ops.stop_gradient: lambda s: s.at(0),
     ops.matmul: _matmul,
     ops.sum_: _sum,
     ops.mean: _mean,
+    ops.amax: _extreme(">"),
+    ops.amin: _extreme("<"),
     ops.sum_rows: _sum_rows,
     ops.constant: lambda s: s.r.literal(s.attrs["value"]),
     **{op: layout_rule(op) for op in ops.PRIMITIVES if op.kind is ops.OpKind.LAYOUT},

@@ -1,4 +1,5 @@
-"""Vectorizable exp, log, tanh and sigmoid written directly in LLVM IR.
+"""Vectorizable exp, log, tanh and sigmoid written directly in LLVM IR (and from them
+log1p, softplus and powers, whose error the table does not bound).
 
 LLVM lowers its own ``llvm.exp``/``llvm.log`` intrinsics to scalar libm calls,
 which stops the loop vectorizer. These emitters build the functions from plain
@@ -43,7 +44,8 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-__all__ = ["emit_exp", "emit_log", "emit_sigmoid", "emit_tanh", "intrinsic", "vector_width"]
+__all__ = ["emit_exp", "emit_log", "emit_log1p", "emit_power", "emit_sigmoid", "emit_softplus",
+           "emit_tanh", "intrinsic", "vector_width"]
 
 
 @dataclass(frozen=True)
@@ -338,3 +340,51 @@ def emit_sigmoid(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
     # side is 1 - q, which is exactly 1 only once q is below half an ULP of 1.
     one_minus_q = b.fsub(e.f(1.0), q)
     return b.select(b.fcmp_ordered("<", x, e.f(0.0)), q, one_minus_q)
+
+
+def emit_log1p(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """Emit log(1 + x), accurate for small x.
+
+    With u = 1 + x rounded, log1p(x) = log(u) * x / (u - 1): the quotient corrects the
+    rounding of u (Goldberg, "What every computer scientist should know about floating-point
+    arithmetic", theorem 4); where u rounds to 1, log1p(x) = x to within an ULP."""
+    e = _Emitter(builder, x)
+    b = builder
+    u = b.fadd(x, e.f(1.0))
+    corrected = b.fdiv(b.fmul(emit_log(b, u), x), b.fsub(u, e.f(1.0)))
+    # u = +inf gives inf/inf: log(inf) = inf is already right there.
+    corrected = b.select(b.fcmp_ordered("==", u, e.f(float("inf"))), u, corrected)
+    return b.select(b.fcmp_ordered("==", u, e.f(1.0)), x, corrected)
+
+
+def emit_softplus(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """Emit log(1 + exp(x)) as max(x, 0) + log1p(exp(-|x|)): nothing overflows."""
+    e = _Emitter(builder, x)
+    b = builder
+    tail = emit_log1p(b, _exp(e, b.fsub(e.f(-0.0), e.fabs(x))))
+    # An ordered compare sends NaN to x, and NaN + tail is NaN.
+    positive = b.select(b.fcmp_ordered("<", x, e.f(0.0)), e.f(0.0), x)
+    return b.fadd(positive, tail)
+
+
+def emit_power(builder: ir.IRBuilder, x: ir.Value, exponent: float) -> ir.Value:
+    """Emit x ** exponent for a constant exponent.
+
+    An integer exponent up to 64 in magnitude is a chain of squarings and products (exact
+    signs for negative x, at most 12 roundings); any other is exp(exponent * log(x)), NaN for
+    x < 0 as in NumPy, with a relative error that grows with |exponent * log(x)| ULPs."""
+    e = _Emitter(builder, x)
+    b = builder
+    if exponent == int(exponent) and abs(exponent) <= 64:
+        n = abs(int(exponent))
+        result, square = None, x
+        while n:
+            if n & 1:
+                result = square if result is None else b.fmul(result, square)
+            n >>= 1
+            if n:
+                square = b.fmul(square, square)
+        if result is None:  # x ** 0 is 1, NaN included, as in NumPy
+            return e.f(1.0)
+        return b.fdiv(e.f(1.0), result) if exponent < 0 else result
+    return _exp(e, b.fmul(emit_log(b, x), e.f(exponent)))

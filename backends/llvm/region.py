@@ -9,7 +9,8 @@ column ``j`` of its result is the piece whose column range holds ``j``, which re
 selected, so each read is clamped into its operand and every load stays inside its buffer.
 
 ``SCALAR[op](builder, *values) -> value`` is the per-element arithmetic of an elementwise op;
-its values are scalars of the program's dtype (or vectors of them, after vectorization).
+its values are scalars of the program's dtype (or vectors of them, after vectorization), and
+the node's attributes follow as keywords (``power``'s ``exponent``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,19 @@ def _where(b: ir.IRBuilder, c: ir.Value, x: ir.Value, y: ir.Value) -> ir.Value:
     return b.select(b.fcmp_ordered(">", c, ir.Constant(c.type, 0.0)), x, y)
 
 
+def _comparison(symbol: str) -> Callable[..., ir.Value]:
+    # Ordered: a comparison with NaN is 0.0, as in NumPy.
+    return lambda b, x, y: b.uitofp(b.fcmp_ordered(symbol, x, y), x.type)
+
+
+def _select_first(symbol: str) -> Callable[..., ir.Value]:
+    """``x symbol y ? x : y``, NaN if either is: maximum (">=") and minimum ("<=")."""
+    def emit(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+        first = b.select(b.fcmp_ordered(symbol, x, y), x, y)
+        return b.select(b.fcmp_unordered("uno", x, x), x, first)
+    return emit
+
+
 SCALAR: dict[ops.Op, Callable[..., ir.Value]] = {
     ops.add: lambda b, x, y: b.fadd(x, y),
     ops.sub: lambda b, x, y: b.fsub(x, y),
@@ -59,6 +73,16 @@ SCALAR: dict[ops.Op, Callable[..., ir.Value]] = {
     ops.sqrt: _sqrt,
     ops.rsqrt: lambda b, x: b.fdiv(ir.Constant(x.type, 1.0), _sqrt(b, x)),
     ops.where: _where,
+    ops.less: _comparison("<"),
+    ops.less_equal: _comparison("<="),
+    ops.greater: _comparison(">"),
+    ops.greater_equal: _comparison(">="),
+    ops.maximum: _select_first(">="),
+    ops.minimum: _select_first("<="),
+    ops.abs_: lambda b, x: b.call(mathlib.intrinsic(b.module, "fabs", x.type, 1), [x]),
+    ops.softplus: mathlib.emit_softplus,
+    ops.power: mathlib.emit_power,  # with the node's attribute exponent
+    ops.stop_gradient: lambda b, x: x,
 }
 
 
@@ -130,7 +154,7 @@ class Region:
         if node.op in SCALAR:
             reads = [(src, broadcast_index(index, node.shape, self.nodes[src].shape))
                      for src in node.inputs]
-            return reads, lambda args: SCALAR[node.op](self.k.builder, *args)
+            return reads, lambda args: SCALAR[node.op](self.k.builder, *args, **node.attrs)
         if node.op.kind is ops.OpKind.LAYOUT:
             return self._layout_reads(node, index)
         raise NotImplementedError(f"{node.op.name} cannot be evaluated per element")

@@ -16,7 +16,7 @@ from llvmlite import ir
 from rnnc import ops
 from rnnc.backends.llvm import gemm
 from rnnc.backends.llvm.context import Buffer, Context
-from rnnc.backends.llvm.kernels import emit_reduce, emit_sum_rows
+from rnnc.backends.llvm.kernels import Kernel, emit_reduce, emit_sum_rows
 from rnnc.backends.llvm.region import SCALAR, emit_region
 from rnnc.ir import Node
 
@@ -79,6 +79,31 @@ def _reduce(ctx: Context, node: Node, out: Buffer, a: Buffer) -> None:
     emit_reduce(ctx, a, out, mean=node.op is ops.mean)
 
 
+def _extreme(ctx: Context, node: Node, out: Buffer, a: Buffer) -> None:
+    """``out[..., 0]`` = the largest (amax) or smallest (amin) of ``a[..., :]``; NaN if any
+    element is NaN, as in NumPy."""
+    kernel = Kernel(ctx, node.op.name, [a, out])
+    better = ">" if node.op is ops.amax else "<"
+    # Made first, in the entry block: one stack slot (promoted to a register), not one per row.
+    best = kernel.builder.alloca(ctx.scalar)
+
+    def row(index: tuple) -> None:
+        b = kernel.builder
+        b.store(kernel.load(0, index + (ir.Constant(ir.IntType(64), 0),)), best)
+
+        def step(j: ir.Value) -> None:
+            x, current = kernel.load(0, index + (j,)), b.load(best)
+            # Once best is NaN no ordered compare takes x, so NaN stays.
+            take = b.or_(b.fcmp_ordered(better, x, current), b.fcmp_unordered("uno", x, x))
+            b.store(b.select(take, x, current), best)
+
+        kernel.loop(kernel.dim(a.shape[-1]), step)
+        kernel.store(1, index + (ir.Constant(ir.IntType(64), 0),), b.load(best))
+
+    kernel.nest(a.shape[:-1], row)
+    kernel.finish()
+
+
 def _sum_rows(ctx: Context, node: Node, out: Buffer, a: Buffer) -> None:
     emit_sum_rows(ctx, a, out)
 
@@ -93,6 +118,8 @@ RULES: dict[ops.Op, Callable[..., None]] = {
     ops.matmul: _matmul,
     ops.sum_: _reduce,
     ops.mean: _reduce,
+    ops.amax: _extreme,
+    ops.amin: _extreme,
     ops.sum_rows: _sum_rows,
     ops.constant: _constant,
 }

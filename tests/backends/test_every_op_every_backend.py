@@ -36,6 +36,13 @@ def _positive(v):
     return v * v + 0.5
 
 
+def _tied(x, h):
+    """x with h's column 0 in its column 0: equal operands there."""
+    if isinstance(x, Value):
+        return rnnc.concat([h[:, 0:1], x[:, 1:4]])
+    return np.concatenate([h[:, 0:1], x[:, 1:4]], -1)
+
+
 # Operands are built from the step's input x (B,I), state h (B,H), matrix W (I,H) and vector b
 # (H,), in the DSL for the cell and in NumPy for the reference: the same callables serve both.
 ROWS: dict[str, Row] = {
@@ -63,6 +70,22 @@ ROWS: dict[str, Row] = {
     "sum": Row(ops.sum_, lambda x, h, W, b: (x * h,)),
     "mean": Row(ops.mean, lambda x, h, W, b: (x + h,)),
     "expand": Row(ops.expand, lambda x, h, W, b: (x[:, 2:3],), {"size": H}),
+    # x and h share columns where x's column is copied, so the comparisons meet ties too.
+    "less": Row(ops.less, lambda x, h, W, b: (_tied(x, h), h)),
+    "less_equal": Row(ops.less_equal, lambda x, h, W, b: (_tied(x, h), h)),
+    "greater": Row(ops.greater, lambda x, h, W, b: (_tied(x, h), b)),
+    "greater_equal": Row(ops.greater_equal, lambda x, h, W, b: (_tied(x, h), h)),
+    "maximum": Row(ops.maximum, lambda x, h, W, b: (x, h)),
+    "maximum-vector": Row(ops.maximum, lambda x, h, W, b: (b, x)),
+    "minimum": Row(ops.minimum, lambda x, h, W, b: (x, h)),
+    "abs": Row(ops.abs_, lambda x, h, W, b: (x - 0.1,)),
+    "power-3": Row(ops.power, lambda x, h, W, b: (x,), {"exponent": 3.0}),
+    "power-negative": Row(ops.power, lambda x, h, W, b: (_positive(x),), {"exponent": -2.0}),
+    "power-fraction": Row(ops.power, lambda x, h, W, b: (_positive(x),), {"exponent": 1.5}),
+    "softplus": Row(ops.softplus, lambda x, h, W, b: (x * 20.0,)),
+    "stop_gradient": Row(ops.stop_gradient, lambda x, h, W, b: (x,)),
+    "amax": Row(ops.amax, lambda x, h, W, b: (x * h,)),
+    "amin": Row(ops.amin, lambda x, h, W, b: (x + h,)),
 }
 
 # Ops whose result is not a per-step (B, n) value: each row wraps the op's result so the output

@@ -142,6 +142,20 @@ ROWS: dict[str, Row] = {
         [(("B", N),), (("T", "B", N),)],
     ),
     "constant": Row(lambda: np.float64(2.5), [()], attrs={"value": 2.5}),
+    "less": Row(lambda a, b: np.where(a < b, 1.0, 0.0), BINARY_SHAPES, BINARY_BAD),
+    "less_equal": Row(lambda a, b: np.where(a <= b, 1.0, 0.0), BINARY_SHAPES, BINARY_BAD),
+    "greater": Row(lambda a, b: np.where(a > b, 1.0, 0.0), BINARY_SHAPES, BINARY_BAD),
+    "greater_equal": Row(lambda a, b: np.where(a >= b, 1.0, 0.0), BINARY_SHAPES, BINARY_BAD),
+    "maximum": Row(np.maximum, BINARY_SHAPES, BINARY_BAD),
+    "minimum": Row(np.minimum, BINARY_SHAPES, BINARY_BAD),
+    "abs": Row(lambda a: np.where(a < 0, -a, a), UNARY_SHAPES),
+    "power": Row(lambda a: a * a * a, UNARY_SHAPES, attrs={"exponent": 3.0}),
+    "softplus": Row(lambda a: np.log(1.0 + np.exp(a)), UNARY_SHAPES),
+    "stop_gradient": Row(lambda a: a, UNARY_SHAPES),
+    "amax": Row(lambda a: np.sort(a, axis=-1)[..., -1:], [(("B", N),), (("T", "B", N),), ((N,),)],
+                [((),)]),
+    "amin": Row(lambda a: np.sort(a, axis=-1)[..., :1], [(("B", N),), (("T", "B", N),), ((N,),)],
+                [((),)]),
 }
 
 

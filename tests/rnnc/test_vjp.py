@@ -77,6 +77,19 @@ ROWS: dict[str, list[Row]] = {
     "expand": [Row(((B, 1),), {"size": N}), Row(((2, B, 1),), {"size": 3})],
     "sum_rows": [Row(((B, N),)), Row(((2, B, N),))],
     "constant": [Row((), {"value": 1.5})],
+    # Steps: no gradient to either operand, which the test checks as fixed.
+    **{name: [Row(((B, N), (B, N)), fixed=(0, 1)), Row(((B, N), (N,)), fixed=(0, 1))]
+       for name in ("less", "less_equal", "greater", "greater_equal")},
+    "maximum": [Row(s) for s in BROADCAST],
+    "minimum": [Row(s) for s in BROADCAST],
+    "abs": [Row(((B, N),)), Row(((2, B, N),))],
+    "power": [Row(((B, N),), {"exponent": 3.0}), Row(((B, N),), {"exponent": -2.0}),
+              Row(((B, N),), {"exponent": 1.5}, positive=True),
+              Row(((B, N),), {"exponent": 0.0})],
+    "softplus": [Row(((B, N),)), Row(((2, B, N),))],
+    "stop_gradient": [Row(((B, N),), fixed=(0,))],
+    "amax": [Row(((B, N),)), Row(((2, B, N),))],
+    "amin": [Row(((B, N),)), Row(((2, B, N),))],
 }
 
 
@@ -211,6 +224,13 @@ ONE_OP = {
     "relu-exp": lambda x, h, p, W, r, s: rnnc.relu(x) * rnnc.exp(h) + p,
     "mul-row-matrix": lambda x, h, p, W, r, s: x * r + h,
     "add-one-by-one": lambda x, h, p, W, r, s: x + h * s,
+    "maximum-minimum": lambda x, h, p, W, r, s: rnnc.maximum(x, p) + rnnc.minimum(h, x * 0.5),
+    "abs-power-softplus": lambda x, h, p, W, r, s: abs(x) * p + h ** 3 + rnnc.softplus(x * p),
+    "amax-amin": lambda x, h, p, W, r, s: rnnc.amax(x * p) - rnnc.amin(h) + x,
+    "softmax": lambda x, h, p, W, r, s: rnnc.softmax(x * p + h),
+    "logsumexp": lambda x, h, p, W, r, s: rnnc.logsumexp(x * p + h) * x,
+    "transposed-matrix": lambda x, h, p, W, r, s: x @ W.T + h @ W,
+    "comparison-mask": lambda x, h, p, W, r, s: (x > p) * h + (h <= 0.1) * x,
 }
 
 
