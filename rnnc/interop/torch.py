@@ -13,7 +13,9 @@ layer computes on host arrays. Only the per-gate split of the fused torch weight
 
 A custom cell factory works too: its parameters are registered as ``{name}_l{k}`` (and
 ``{name}_l{k}_reverse``) with rnnc's shapes, and ``hx`` and the returned states are dicts
-by state name.
+by state name. A cell with extra inputs (every input after the first, see ``rnnc.RNN``)
+takes them as ``module(x, hx, extra={"u": u})``, tensors laid out like the (padded) input,
+and they get gradients through autograd like ``x``.
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ class RNN(nn.Module):
                  dropout: float = 0.0, bidirectional: bool = False, proj_size: int = 0,
                  backend: str | None = None, device: Any = None,
                  dtype: torch.dtype | None = None, *, nonlinearity: str | None = None,
-                 **backend_options: Any) -> None:
+                 extra_inputs: str = "all", **backend_options: Any) -> None:
         super().__init__()
         self._op_key = torch_ops.register(self)
         mode = _check_arguments(mode, nonlinearity, input_size, hidden_size, num_layers, bias,
@@ -111,7 +113,7 @@ class RNN(nn.Module):
         self.layer = Layer(mode, input_size, hidden_size, num_layers=num_layers,
                            bidirectional=bidirectional, dropout=dropout,
                            batch_first=batch_first, backend=backend, seed=0,
-                           proj_size=proj_size, **backend_options)
+                           proj_size=proj_size, extra_inputs=extra_inputs, **backend_options)
         self.mode = mode
         if mode in ("rnn_tanh", "rnn_relu"):
             self.nonlinearity = mode[4:]
@@ -120,6 +122,7 @@ class RNN(nn.Module):
         self.bias, self.batch_first = bias, batch_first
         self.proj_size = proj_size
         self.state_names = tuple(self.layer.state_sizes)
+        self.extra_names = tuple(self.layer.extra_sizes)
         if not self.bias and not isinstance(mode, str):
             raise RnncValueError("bias=False needs a standard mode; a custom cell declares its "
                                  "own parameters")
@@ -287,8 +290,35 @@ class RNN(nn.Module):
             return dict(zip(self.state_names, final, strict=True))
         return final[0] if len(final) == 1 else tuple(final)
 
-    def forward(self, input: torch.Tensor | PackedSequence, hx: Any = None) -> tuple[Any, Any]:
-        """Run the layers: ``(output, h_n)`` or ``(output, (h_n, c_n))`` as torch does."""
+    def _extras_in(self, extra: Any, unbatched: bool) -> list[torch.Tensor]:
+        """The extra inputs' tensors in the cell's order, as batched as ``x`` is; their
+        shapes and dtypes are checked by ``rnnc.RNN`` before anything runs."""
+        extra = {} if extra is None else extra
+        if not isinstance(extra, dict):
+            raise RnncTypeError(f"extra must be a dict by input name ({list(self.extra_names)}),"
+                                f" got {type(extra).__name__}")
+        for name in [*(n for n in extra if n not in self.extra_names),
+                     *(n for n in self.extra_names if n not in extra)]:
+            what = "unknown" if name in extra else "missing"
+            raise RnncValueError(f"{what} extra input {name!r}; the cell's extra inputs are "
+                                 f"{list(self.extra_names)}")
+        out = []
+        for name in self.extra_names:
+            e = extra[name]
+            if isinstance(e, PackedSequence):
+                e = pad_packed_sequence(e, batch_first=self.batch_first)[0]
+            if not isinstance(e, torch.Tensor):
+                raise RnncTypeError(f"extra input {name!r} must be a tensor, got "
+                                    f"{type(e).__name__}")
+            out.append(e.unsqueeze(0 if self.batch_first else 1) if unbatched else e)
+        return out
+
+    def forward(self, input: torch.Tensor | PackedSequence, hx: Any = None, *,
+                extra: dict[str, Any] | None = None) -> tuple[Any, Any]:
+        """Run the layers: ``(output, h_n)`` or ``(output, (h_n, c_n))`` as torch does.
+
+        ``extra`` holds the cell's extra inputs by name, each laid out like the input
+        (padded, or a ``PackedSequence`` like it, when the input is packed)."""
         packed = isinstance(input, PackedSequence)
         lengths = None
         unbatched = False
@@ -308,14 +338,18 @@ class RNN(nn.Module):
         self._check_states(states, x.shape[0 if self.batch_first else 1], x.dtype, unbatched)
         if unbatched:
             states = [None if s is None else s.unsqueeze(1) for s in states]
+        extras = self._extras_in(extra, unbatched)
         if torch.compiler.is_compiling():  # one opaque op in the compiled graph
+            if extras:
+                raise RnncValueError("extra inputs do not run under torch.compile yet: the "
+                                     "rnnc::rnn op takes x, states and weights only")
             y, *final = torch_ops.apply(self, x, states, lengths)
         else:
             seed = None
             if self.training and self.dropout > 0 and self.num_layers > 1:
                 seed = int(torch.randint(0, 2**62, (1,)).item())
             y, *final = torch_autograd.apply(self, lengths, seed, x, states,
-                                             self._flat_parameters())
+                                             self._flat_parameters(), extras)
         if unbatched:
             y = y.squeeze(0 if self.batch_first else 1)
             final = [f.squeeze(1) for f in final]

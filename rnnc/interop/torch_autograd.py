@@ -35,14 +35,15 @@ def from_numpy(a: Any, like: torch.Tensor) -> torch.Tensor:
 
 
 def apply(module: RNN, lengths: np.ndarray | None, seed: int | None, x: torch.Tensor,
-          states: list[torch.Tensor | None], params: list[torch.Tensor]
-          ) -> tuple[torch.Tensor, ...]:
+          states: list[torch.Tensor | None], params: list[torch.Tensor],
+          extras: list[torch.Tensor] = ()) -> tuple[torch.Tensor, ...]:
     """``(y, *final_states)`` of ``module``'s layers, differentiable by torch's autograd.
 
     ``seed`` seeds the dropout masks (None: no dropout); ``params`` are the module's
-    parameters in ``_flat_parameters`` order.
+    parameters in ``_flat_parameters`` order; ``extras`` the cell's extra inputs in
+    ``module.extra_names`` order.
     """
-    return _Apply.apply(module, lengths, seed, _Box(), x, *states, *params)
+    return _Apply.apply(module, lengths, seed, _Box(), x, *states, *extras, *params)
 
 
 class _Box:
@@ -52,7 +53,7 @@ class _Box:
 
 
 class _Apply(torch.autograd.Function):
-    """``(x, *states, *params) -> (y, *final_states)`` through rnnc's layer.
+    """``(x, *states, *extras, *params) -> (y, *final_states)`` through rnnc's layer.
 
     Written in the functorch style (``setup_context`` apart from ``forward``) so that
     ``torch.func.vmap`` can batch it: the ``vmap`` rule folds the vmapped dimension into the
@@ -62,13 +63,15 @@ class _Apply(torch.autograd.Function):
     @staticmethod
     def forward(module: RNN, lengths: np.ndarray | None, seed: int | None, box: _Box,
                 x: torch.Tensor, *tensors: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-        names = module.state_names
+        names, ns, ne = module.state_names, len(module.state_names), len(module.extra_names)
         states = {n: to_numpy(s) for n, s in zip(names, tensors, strict=False) if s is not None}
-        grid = module._rnnc_params(tensors[len(names):])
+        extra = {n: to_numpy(e) for n, e in zip(module.extra_names, tensors[ns:ns + ne],
+                                                strict=True)}
+        grid = module._rnnc_params(tensors[ns + ne:])
         rng = None if seed is None else np.random.default_rng(seed)
         y, final, box.tape = module.layer.forward(to_numpy(x), lengths, states, train=True,
                                                   params=grid, rng=rng,
-                                                  apply_dropout=seed is not None)
+                                                  apply_dropout=seed is not None, extra=extra)
         return (from_numpy(y, x), *(from_numpy(final[n], x) for n in names))
 
     @staticmethod
@@ -100,9 +103,9 @@ class _Apply(torch.autograd.Function):
     def vmap(info: Any, in_dims: tuple[int | None, ...], module: RNN,
              lengths: np.ndarray | None, seed: int | None, box: _Box, x: torch.Tensor,
              *tensors: torch.Tensor | None) -> tuple[tuple[torch.Tensor, ...], tuple[int, ...]]:
-        n_states = len(module.state_names)
+        n_inputs = 1 + len(module.state_names) + len(module.extra_names)
         dims = in_dims[4:]
-        if all(d is None for d in dims[1 + n_states:]):
+        if all(d is None for d in dims[n_inputs:]):
             return _fold_vmap(info.batch_size, dims, module, lengths, seed, x, tensors)
         return _loop_vmap(info.batch_size, dims, lambda *a: _Apply.apply(
             module, lengths, seed, _Box(), *a), (x, *tensors))
@@ -112,8 +115,8 @@ def _fold_vmap(V: int, dims: tuple[int | None, ...], module: RNN, lengths: np.nd
                seed: int | None, x: torch.Tensor, tensors: tuple[torch.Tensor | None, ...]
                ) -> tuple[tuple[torch.Tensor, ...], tuple[int, ...]]:
     """Run a vmap over inputs and states only as one call with batch ``V * B``."""
-    axis = 0 if module.batch_first else 1  # the batch axis of x; states have it at 1
-    n_states = len(module.state_names)
+    axis = 0 if module.batch_first else 1  # the batch axis of x and extras; states' is 1
+    n_states, n_extra = len(module.state_names), len(module.extra_names)
 
     def fold(t: torch.Tensor | None, dim: int | None, at: int) -> torch.Tensor | None:
         if t is None:
@@ -125,8 +128,12 @@ def _fold_vmap(V: int, dims: tuple[int | None, ...], module: RNN, lengths: np.nd
     xs = fold(x, dims[0], axis)
     states = [fold(s, d, 1) for s, d in zip(tensors[:n_states], dims[1:1 + n_states],
                                             strict=True)]
+    n_in = n_states + n_extra
+    extras = [fold(e, d, axis) for e, d in zip(tensors[n_states:n_in],
+                                               dims[1 + n_states:1 + n_in], strict=True)]
     lens = None if lengths is None else np.tile(lengths, V)
-    y, *final = _Apply.apply(module, lens, seed, _Box(), xs, *states, *tensors[n_states:])
+    y, *final = _Apply.apply(module, lens, seed, _Box(), xs, *states, *extras,
+                             *tensors[n_in:])
     unfold = [(y, axis)] + [(f, 1) for f in final]
     out = tuple(t.reshape(*t.shape[:at], V, -1, *t.shape[at + 1:]) for t, at in unfold)
     return out, tuple(at for _, at in unfold)
@@ -165,7 +172,8 @@ def _legacy_vmap_loop(run: Any, args: tuple[torch.Tensor, ...]) -> tuple[torch.T
 
 
 class _Backward(torch.autograd.Function):
-    """``(d_y, *d_final) -> (d_x, *d_given_states, *d_params)`` from a forward's tape.
+    """``(d_y, *d_final) -> (d_x, *d_given_states, *d_extras, *d_params)`` from a forward's
+    tape.
 
     A function of its own so that a vmap over gradients (``gradcheck``'s batched checks)
     has a rule: a loop over the cotangents, reusing the tape. It also takes the forward's
@@ -182,8 +190,9 @@ class _Backward(torch.autograd.Function):
         g = module.layer.backward(tape, to_numpy(d_y),
                                   {n: to_numpy(d) for n, d in zip(names, d_final, strict=True)})
         d_states = [from_numpy(g.states[n], d_y) for n, k in zip(names, given, strict=True) if k]
+        d_extras = [from_numpy(g.extra[n], d_y) for n in module.extra_names]
         d_params = [from_numpy(a, d_y) for a in module._torch_grads(g.params)]
-        return (from_numpy(g.x, d_y), *d_states, *d_params)
+        return (from_numpy(g.x, d_y), *d_states, *d_extras, *d_params)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
@@ -200,15 +209,17 @@ class _Backward(torch.autograd.Function):
         u = list(u_rest)
         u_states = {n: to_numpy(u.pop(0)) if given else np.zeros_like(to_numpy(d))
                     for n, given, d in zip(names, ctx.given, d_final, strict=True)}
+        u_extra = {n: to_numpy(u.pop(0)) for n in module.extra_names}
         c_dy, c_d_states, c = module.layer.double_backward(
             ctx.tape, to_numpy(d_y), {n: to_numpy(d) for n, d in zip(names, d_final,
                                                                       strict=True)},
-            to_numpy(u_x), module._rnnc_params(tuple(u)), u_states)
+            to_numpy(u_x), module._rnnc_params(tuple(u)), u_states, u_extra)
         c_states = [from_numpy(c.states[n], d_y) if given else None
                     for n, given in zip(names, ctx.given, strict=True)]
         return (None, None, None, from_numpy(c_dy, d_y),
                 *(from_numpy(c_d_states[n], d_y) for n in names),
                 from_numpy(c.x, d_y), *c_states,
+                *(from_numpy(c.extra[n], d_y) for n in module.extra_names),
                 *(from_numpy(a, d_y) for a in module._torch_grads(c.params)))
 
     @staticmethod

@@ -6,12 +6,17 @@
 ``(T, B, D*H)`` with the forward direction in ``y[..., :H]`` and the reverse one in
 ``y[..., H:]``, and every state is ``(L*D, B, H)`` indexed ``layer*D + direction``.
 
-One compiled ``Function`` per direction serves every layer with the same input width: layer
-0 reads ``input_size`` features, layers above read ``D*H``. The reverse direction is the same
-cell compiled with ``reverse=True``, a scan from the last step to the first on the input as
-it is; each sequence starts at its own last step (as cuDNN and PyTorch do with packed
-sequences), because the masked steps past its length come first and hold the initial state.
-Outputs are zero past each sequence's length.
+A cell factory's cell may be more general: its first input is the layer input and its
+further inputs are extra inputs the caller passes by name (``extra={"u": u}``), read by every
+layer or by layer 0 alone (``extra_inputs="first"``); its output may have any width ``K``
+(then ``y`` is ``(T, B, D*K)``, as with an LSTM's ``proj_size``) and its states any sizes.
+
+One compiled ``Function`` per direction serves every layer with the same input width: layer 0
+reads ``input_size`` features, layers above read ``D*H`` (``D*K``). The reverse direction is
+the same cell compiled with ``reverse=True``, a scan from the last step to the first on the
+input as it is; each sequence starts at its own last step (as cuDNN and PyTorch do with
+packed sequences), because the masked steps past its length come first and hold the initial
+state. Outputs are zero past each sequence's length.
 
 The parts: ``rnn`` (the ``RNN`` object), ``checks`` (the caller's arguments), ``run`` (the
 forward run) and ``backward`` (gradients and their derivative).

@@ -8,7 +8,7 @@ reverse direction's runs backwards in time itself), through the dropout masks.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -17,7 +17,7 @@ from rnnc.api import Grads
 from rnnc.errors import RnncTypeError, RnncValueError
 from rnnc.layers import checks
 from rnnc.layers.checks import Grid
-from rnnc.layers.run import LayerTape, valid_steps, zero_past_lengths
+from rnnc.layers.run import LayerTape, reads_extra, valid_steps, zero_past_lengths
 
 if TYPE_CHECKING:
     from rnnc.layers.rnn import RNN
@@ -27,11 +27,13 @@ States = dict[str, np.ndarray]
 
 @dataclass
 class LayerGrads:
-    """Gradients: ``x`` shaped like the input, ``params[layer][direction]`` and ``states``."""
+    """Gradients: ``x`` shaped like the input, ``params[layer][direction]``, ``states`` and
+    ``extra`` (each extra input's, shaped like it, summed over the layers that read it)."""
 
     x: np.ndarray
     params: Grid
     states: dict[str, np.ndarray]
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 class _Paths:
@@ -55,11 +57,27 @@ class _Paths:
         mask = self.tape.dropout_masks[k] if k < self.layer.num_layers - 1 else None
         return g if mask is None else g * mask
 
+    def extra_grads(self) -> States:
+        """Zero gradients of the extra inputs, time-major, to add each layer's to."""
+        return {n: np.zeros_like(a) for n, a in self.tape.extra.items()}
+
+    def add_x(self, k: int, gx: Any, into: np.ndarray, extra: States | None) -> None:
+        """Add a cell's input gradient ``gx`` (a dict when it has extra inputs) to ``into``
+        and, when layer ``k`` reads the caller's extra inputs, theirs to ``extra``."""
+        if not isinstance(gx, Mapping):
+            into += gx
+            return
+        into += gx[self.layer.input_name]
+        if extra is not None and reads_extra(self.layer, k):
+            for n in extra:
+                extra[n] += gx[n]
+
     def layer_backward(self, k: int, g_out: np.ndarray, d_states: Mapping[str, np.ndarray],
-                       into: np.ndarray | None = None) -> tuple[np.ndarray, list[Grads]]:
+                       into: np.ndarray | None = None, extra: States | None = None
+                       ) -> tuple[np.ndarray, list[Grads]]:
         """Backward through layer ``k`` given its output's cotangent (before dropout) and the
         final states' ``(L*D, B, size)``: its input's cotangent (added to ``into`` when given)
-        and each direction's Grads."""
+        and each direction's Grads; the extra inputs' cotangents are added to ``extra``."""
         layer, tape, D = self.layer, self.tape, self.layer.num_directions
         g_out = self.dropout(k, g_out)
         gx = np.zeros((tape.T, tape.B, layer.layer_input_size(k)), tape.dtype) \
@@ -69,9 +87,14 @@ class _Paths:
             g = layer.function(k, d).backward(
                 tape.tapes[k][d], {layer.output_name: self.output_cotangent(g_out, d)},
                 {n: d_states[n][k * D + d] for n in layer.state_sizes})
-            gx += g.x
+            self.add_x(k, g.x, gx, extra)
             grads.append(g)
         return gx, grads
+
+    def caller_extra(self, extra: States) -> States:
+        """The extra inputs' gradients in the caller's layout, zero past the lengths."""
+        return {n: np.ascontiguousarray(self.time_major(zero_past_lengths(a, self.valid)))
+                for n, a in extra.items()}
 
 
 def _check_tape(layer: RNN, tape: Any) -> LayerTape:
@@ -95,7 +118,8 @@ def backward_empty(layer: RNN, tape: LayerTape) -> LayerGrads:
         (tape.T, 0, layer.input_size)
     params = [[{n: np.zeros(a.shape, dtype) for n, a in p.items()} for p in row]
               for row in layer.params]
-    return LayerGrads(np.zeros(x_shape, dtype), params, _zero_states(layer, 0, dtype))
+    extra = {n: np.zeros(x_shape[:2] + (s,), dtype) for n, s in layer.extra_sizes.items()}
+    return LayerGrads(np.zeros(x_shape, dtype), params, _zero_states(layer, 0, dtype), extra)
 
 
 def backward(layer: RNN, tape: Any, d_y: Any, d_states: Any) -> LayerGrads:
@@ -109,22 +133,24 @@ def backward(layer: RNN, tape: Any, d_y: Any, d_states: Any) -> LayerGrads:
     paths = _Paths(layer, tape)
     g_params: Grid = [[{} for _ in range(D)] for _ in range(L)]
     g_states = {n: np.empty((L * D, B, s), tape.dtype) for n, s in layer.state_sizes.items()}
+    g_extra = paths.extra_grads()
     for k in range(L - 1, -1, -1):
-        g_in, grads = paths.layer_backward(k, g_in, d_st)
+        g_in, grads = paths.layer_backward(k, g_in, d_st, extra=g_extra)
         for d, g in enumerate(grads):
             g_params[k][d] = g.params
             for n in layer.state_sizes:
                 g_states[n][k * D + d] = g.states[n]
     gx = paths.time_major(zero_past_lengths(g_in, paths.valid))
-    return LayerGrads(np.ascontiguousarray(gx), g_params, g_states)
+    return LayerGrads(np.ascontiguousarray(gx), g_params, g_states, paths.caller_extra(g_extra))
 
 
 def double_backward(layer: RNN, tape: LayerTape, d_y: np.ndarray,
                     d_states: Mapping[str, np.ndarray], g_x: np.ndarray, g_params: Grid,
-                    g_states: Mapping[str, np.ndarray]
+                    g_states: Mapping[str, np.ndarray],
+                    g_extra: Mapping[str, np.ndarray] | None = None
                     ) -> tuple[np.ndarray, States, LayerGrads]:
     """The cotangents of ``RNN.double_backward``: of ``d_y``, ``d_states`` and, as
-    ``LayerGrads``, of the forward's x, params and initial states.
+    ``LayerGrads``, of the forward's x, params, initial states and extra inputs.
 
     Each cell's part is ``Function.double_backward``; they compose as ``backward`` composes
     the cells' backward, in reverse: up the layers for what flows through the first
@@ -136,9 +162,14 @@ def double_backward(layer: RNN, tape: LayerTape, d_y: np.ndarray,
         return np.zeros_like(d_y), {n: np.zeros_like(v) for n, v in d_states.items()}, grads
     paths = _Paths(layer, tape)
     d_out = _replay(paths, np.asarray(d_y), d_states)
-    c_d_y, c_d_states, c_inputs, c = _up(paths, d_out, d_states, g_x, g_params, g_states)
+    u_extra = {n: zero_past_lengths(paths.time_major(np.asarray(g_extra[n])), paths.valid)
+               if g_extra is not None and g_extra.get(n) is not None else np.zeros_like(a)
+               for n, a in tape.extra.items()}
+    c_d_y, c_d_states, c_inputs, c = _up(paths, d_out, d_states, (g_x, u_extra), g_params,
+                                         g_states)
     _down(paths, c_inputs, c)
     c.x = np.ascontiguousarray(paths.time_major(zero_past_lengths(c_inputs[0], paths.valid)))
+    c.extra = paths.caller_extra(c.extra)
     return np.ascontiguousarray(paths.time_major(c_d_y)), c_d_states, c
 
 
@@ -154,19 +185,21 @@ def _replay(paths: _Paths, d_y: np.ndarray, d_states: Mapping[str, np.ndarray]
 
 
 def _up(paths: _Paths, d_out: list[np.ndarray], d_states: Mapping[str, np.ndarray],
-        g_x: np.ndarray, g_params: Grid, g_states: Mapping[str, np.ndarray]
+        g_inputs: tuple[np.ndarray, States], g_params: Grid, g_states: Mapping[str, np.ndarray]
         ) -> tuple[np.ndarray, States, list[np.ndarray], LayerGrads]:
-    """Up the layers: each cell's double backward, given what flows into its gradients.
+    """Up the layers: each cell's double backward, given what flows into its gradients
+    (``g_inputs``: those of x, and of the extra inputs time-major).
 
     Returns the cotangents of ``d_y``, of ``d_states``, of each layer's input, and the
-    parameters' and initial states' so far (``x`` still empty).
+    parameters', initial states' and extra inputs' so far (``x`` still empty).
     """
     layer, tape = paths.layer, paths.tape
     L, D, H, out = layer.num_layers, layer.num_directions, layer.output_size, layer.output_name
     names = layer.state_sizes
+    g_x, u_extra = g_inputs
     u = zero_past_lengths(paths.time_major(np.asarray(g_x)), paths.valid)
     c = LayerGrads(np.empty(0), [[{} for _ in range(D)] for _ in range(L)],
-                   _zero_states(layer, tape.B, tape.dtype))
+                   _zero_states(layer, tape.B, tape.dtype), paths.extra_grads())
     c_d_states = _zero_states(layer, tape.B, tape.dtype)
     c_inputs: list[np.ndarray] = []
     for k in range(L):
@@ -176,10 +209,11 @@ def _up(paths: _Paths, d_out: list[np.ndarray], d_states: Mapping[str, np.ndarra
             row, fn = k * D + d, layer.function(k, d)
             dd_out, dd_st, g = fn.double_backward(
                 tape.tapes[k][d], {out: paths.output_cotangent(paths.dropout(k, d_out[k]), d)},
-                {n: d_states[n][row] for n in names}, {next(iter(fn.inputs)): u},
+                {n: d_states[n][row] for n in names},
+                {layer.input_name: u, **(u_extra if reads_extra(layer, k) else {})},
                 g_params[k][d], {n: g_states[n][row] for n in names})
             c_d_out[:, :, d * H:(d + 1) * H] = zero_past_lengths(dd_out[out], paths.valid)
-            c_inputs[k] += g.x
+            paths.add_x(k, g.x, c_inputs[k], c.extra)
             c.params[k][d] = {n: a.copy() for n, a in g.params.items()}
             for n in names:
                 c.states[n][row] = g.states[n]
@@ -194,7 +228,8 @@ def _down(paths: _Paths, c_inputs: list[np.ndarray], c: LayerGrads) -> None:
     layer, D = paths.layer, paths.layer.num_directions
     zeros = _zero_states(layer, paths.tape.B, paths.tape.dtype)
     for k in range(layer.num_layers - 1, 0, -1):
-        _, grads = paths.layer_backward(k - 1, c_inputs[k], zeros, into=c_inputs[k - 1])
+        _, grads = paths.layer_backward(k - 1, c_inputs[k], zeros, into=c_inputs[k - 1],
+                                        extra=c.extra)
         for d, g in enumerate(grads):
             for n, a in g.params.items():
                 c.params[k - 1][d][n] += a

@@ -103,25 +103,22 @@ def check_dropout(value: Any) -> float:
 
 
 def check_factory_cell(cell: Any, in_size: int) -> Cell:
-    """Return what a cell factory made for input width ``in_size``: a valid one-input Cell."""
+    """Return what a cell factory made for input width ``in_size``: a valid Cell whose first
+    input (the layer input) has ``in_size`` features; any further inputs are extra inputs."""
     if not isinstance(cell, Cell):
         raise RnncTypeError(f"the cell factory must return an rnnc.Cell, got "
                             f"{type(cell).__name__}")
     cell.check()
     inputs = cell.sizes("input")
-    if len(inputs) != 1:
-        raise CellError(f"a layer needs a cell with one input, cell {cell.name!r} has "
-                        f"{sorted(inputs)}")
-    got = next(iter(inputs.values()))[-1]
-    if got != in_size:
+    first, shape = next(iter(inputs.items()))
+    if shape[-1] != in_size:
         raise CellError(f"the cell factory was asked for input size {in_size}, its cell's "
-                        f"input has {got} features")
+                        f"first input {first!r} (the layer input) has {shape[-1]} features")
     return cell
 
 
-def output_name(cell: Cell, width: int, hidden_size: int) -> str:
-    """Return the name of the output a layer stacks: the only one, or ``"y"`` among several;
-    it must have ``width`` features."""
+def output_name(cell: Cell) -> str:
+    """Return the name of the output a layer stacks: the only one, or ``"y"`` among several."""
     names = list(cell.outputs)
     if not names:
         raise CellError(f"a layer needs a cell with an output, cell {cell.name!r} has none")
@@ -129,11 +126,38 @@ def output_name(cell: Cell, width: int, hidden_size: int) -> str:
     if name not in cell.outputs:
         raise CellError(f"cell {cell.name!r} has several outputs {names}; a layer uses the "
                         f"one named 'y'")
-    got = cell.graph.node(cell.outputs[name]).shape[-1]
-    if got != width:
-        raise CellError(f"output {name!r} of cell {cell.name!r} has {got} features, the "
-                        f"layer's hidden_size is {hidden_size}")
     return name
+
+
+def signature(cell: Cell) -> tuple[dict[str, int], int, dict[str, int]]:
+    """What every layer's cell must share: extra inputs' widths (every input after the
+    first), the width of the output a layer stacks, and the states' sizes."""
+    extra = {n: s[-1] for n, s in list(cell.sizes("input").items())[1:]}
+    width = cell.graph.node(cell.outputs[output_name(cell)]).shape[-1]
+    return extra, width, {n: s[-1] for n, s in cell.sizes("state").items()}
+
+
+def check_same_signature(cell: Cell, first: Cell, in_size: int, input_size: int) -> Cell:
+    """Return ``cell`` (made for input width ``in_size``) if it has the extra inputs, output
+    width and states of ``first`` (made for ``input_size``): layers stack only then."""
+    got, want = signature(cell), signature(first)
+    for (what, a, b) in zip(("extra inputs", "output width", "states"), got, want,
+                            strict=True):
+        if a != b:
+            raise CellError(f"the cell factory's cells differ between layers: for input size "
+                            f"{in_size} its {what} are {a}, for input size {input_size} {b}")
+    return cell
+
+
+EXTRA_INPUTS = ("all", "first")
+
+
+def check_extra_inputs(value: Any) -> str:
+    """Return ``value``: ``"all"`` (extra inputs reach every layer) or ``"first"``."""
+    if value not in EXTRA_INPUTS:
+        raise RnncValueError(f"extra_inputs must be 'all' (every layer reads the extra inputs) "
+                             f"or 'first' (only layer 0), got {value!r}")
+    return value
 
 
 # ---------------------------------------------------------------- arguments of a call
@@ -244,3 +268,36 @@ def check_d_y(layer: RNN, d_y: Any, T: int, B: int, dtype: np.dtype) -> np.ndarr
     if d_y.dtype != dtype:
         raise RnncTypeError(f"d_y is {d_y.dtype}, expected {dtype}")
     return d_y.transpose(1, 0, 2) if layer.batch_first else d_y
+
+
+def check_extra(layer: RNN, extra: Any, T: int, B: int, dtype: np.dtype
+                ) -> dict[str, np.ndarray]:
+    """Return the extra inputs time-major, ``(T, B, size)`` each, all of them given."""
+    sizes = layer.extra_sizes
+    if extra is None:
+        extra = {}
+    if not isinstance(extra, Mapping):
+        raise RnncTypeError(f"extra must be a dict by input name ({sorted(sizes)}), got "
+                            f"{type(extra).__name__}")
+    unknown = sorted(set(extra) - set(sizes))
+    if unknown:
+        known = f"the cell's extra inputs are {sorted(sizes)}" if sizes else \
+            f"cell {layer.cell_name!r} has no extra inputs (its only input is the layer input)"
+        raise RnncValueError(f"unknown extra input {unknown[0]!r}; {known}")
+    missing = [n for n in sizes if n not in extra]
+    if missing:
+        raise RnncValueError(f"missing extra input {missing[0]!r}: the cell reads "
+                             f"{sorted(sizes)} besides x; pass extra={{{missing[0]!r}: ...}}")
+    out = {}
+    for name, n in sizes.items():
+        arr = validate.as_array(extra[name], f"extra input {name!r}")
+        want = (B, T, n) if layer.batch_first else (T, B, n)
+        layout = "(B, T, size)" if layer.batch_first else "(T, B, size)"
+        if arr.shape != want:
+            raise RnncValueError(f"extra input {name!r} must have shape {layout} = {want} "
+                                 f"like x, got {arr.shape}")
+        if arr.dtype != dtype:
+            raise RnncTypeError(f"extra input {name!r} is {arr.dtype}, expected {dtype} (the "
+                                f"dtype of x): convert it with .astype(np.{dtype.name})")
+        out[name] = arr.transpose(1, 0, 2) if layer.batch_first else arr
+    return out

@@ -69,8 +69,16 @@ class RNN:
     """A stack of recurrent layers of one cell: ``y, states = layer(x, lengths, states)``.
 
     ``mode`` is ``"rnn_tanh"``, ``"rnn_relu"``, ``"lstm"``, ``"gru"`` or a cell factory
-    ``(input_size, hidden_size) -> Cell`` whose cell has one input, one output of width
-    ``hidden_size`` (named ``"y"`` when there are several) and any states. ``backend`` is
+    ``(input_size, hidden_size) -> Cell``. A factory's cell reads the layer input (``x``, or
+    the layer below's output) as its first input, which must have ``input_size`` features;
+    its further inputs are *extra inputs*, sequences the caller passes by name to every call
+    (``layer(x, extra={"u": u})``, each ``(T, B, size)`` like ``x``, batch-first with
+    ``batch_first``). With ``extra_inputs="all"`` every layer reads them; with ``"first"``
+    only layer 0 does and the layers above read zeros in their place. The layer's output is
+    the cell's output (the one named ``"y"`` when there are several), of any width ``K``:
+    ``y`` is ``(T, B, D*K)`` and the layers above read ``D*K`` features; states may have any
+    sizes. ``proj_size`` (mode ``"lstm"``) is the cell ``rnnc.cells.lstm(..., proj_size)``,
+    whose output has ``proj_size`` features. ``backend`` is
     ``"numpy"``, ``"llvm"``, ``"cuda"`` or ``None`` for the fastest available (llvm if it
     works here, else numpy); ``backend_options`` go to ``rnnc.compile`` (e.g.
     ``emulate=True``). ``seed`` makes the parameter initialization and the dropout masks
@@ -89,7 +97,7 @@ class RNN:
                  num_layers: int = 1, bidirectional: bool = False, dropout: float = 0.0,
                  batch_first: bool = False, backend: str | None = "numpy",
                  seed: int | None = None, dtype: Any = np.float32, proj_size: int = 0,
-                 **backend_options: Any) -> None:
+                 extra_inputs: str = "all", **backend_options: Any) -> None:
         self.mode = checks.check_mode(mode)
         self.input_size = checks.check_int(input_size, "input_size", 1)
         self.hidden_size = checks.check_int(hidden_size, "hidden_size", 1)
@@ -98,6 +106,7 @@ class RNN:
         self.bidirectional = bool(bidirectional)
         self.num_directions = 2 if self.bidirectional else 1
         self.dropout = check_dropout(dropout)
+        self.extra_inputs = checks.check_extra_inputs(extra_inputs)
         self.batch_first = bool(batch_first)
         self.dtype = checks.check_dtype(dtype)
         self.backend = checks.check_backend(fastest_backend() if backend is None else backend)
@@ -106,19 +115,19 @@ class RNN:
         self._cells: dict[int, Cell] = {}
         self._functions: dict[tuple[int, bool], Function] = {}
         first = self._cell(self.input_size)
-        self.output_name = checks.output_name(first, self.proj_size or self.hidden_size,
-                                              self.hidden_size)
-        self.output_size = first.graph.node(first.outputs[self.output_name]).shape[-1]
+        self.cell_name, self.input_name = first.name, next(iter(first.inputs))
+        self.output_name = checks.output_name(first)
+        self.extra_sizes, self.output_size, self.state_sizes = checks.signature(first)
         for k in range(self.num_layers):
             for d in range(self.num_directions):
                 self.function(k, d)
-        self.state_sizes = {n: s[-1] for n, s in first.sizes("state").items()}
         self.params: Grid = self.init_params(int(self._rng.integers(2**31)))
 
     # -- cells and compiled functions
     def layer_input_size(self, layer: int) -> int:
         """Return the input width of ``layer``: ``input_size``, then ``D * output_size``
-        (``output_size`` is ``proj_size`` for an LSTM with projections, else ``hidden_size``)."""
+        (``output_size``, the cell's output width: ``proj_size`` for an LSTM with
+        projections, ``hidden_size`` for the other standard cells)."""
         return self.input_size if layer == 0 else self.num_directions * self.output_size
 
     def _build_cell(self, in_size: int) -> Cell:
@@ -130,7 +139,11 @@ class RNN:
 
     def _cell(self, in_size: int) -> Cell:
         if in_size not in self._cells:
-            self._cells[in_size] = self._build_cell(in_size)
+            cell = self._build_cell(in_size)
+            if in_size != self.input_size:  # every layer's cell must stack on layer 0's
+                checks.check_same_signature(cell, self._cell(self.input_size), in_size,
+                                            self.input_size)
+            self._cells[in_size] = cell
         return self._cells[in_size]
 
     def _function(self, in_size: int, reverse: bool = False) -> Function:
@@ -173,49 +186,56 @@ class RNN:
         return new
 
     # -- running
-    def __call__(self, x: Any, lengths: Any = None, states: Any = None
+    def __call__(self, x: Any, lengths: Any = None, states: Any = None, extra: Any = None
                  ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """Inference: ``(y, final_states)``; no dropout, nothing saved."""
-        y, final, _ = run(self, x, lengths, states, None, False, self._rng, None)
+        """Inference: ``(y, final_states)``; no dropout, nothing saved.
+
+        ``extra`` is a dict of the cell's extra inputs by name (every input after the
+        first), each shaped like ``x`` but with its own feature count; see the class."""
+        y, final, _ = run(self, x, lengths, states, None, False, self._rng, None, extra)
         return y, final
 
     def forward(self, x: Any, lengths: Any = None, states: Any = None, train: bool = True,
                 params: Grid | None = None, rng: np.random.Generator | None = None,
-                apply_dropout: bool | None = None) -> Result:
+                apply_dropout: bool | None = None, extra: Any = None) -> Result:
         """Training forward: ``(y, final_states, tape)``; ``train=False`` gives no tape.
 
         ``params`` replaces ``layer.params`` for this call (same ``[layer][direction]``
         structure); ``rng`` replaces the layer's dropout random stream. Dropout applies when
-        ``apply_dropout`` is true, which defaults to ``train``.
+        ``apply_dropout`` is true, which defaults to ``train``. ``extra`` holds the extra
+        inputs, as in ``__call__``.
         """
         return run(self, x, lengths, states, params, train,
-                   self._rng if rng is None else rng, apply_dropout)
+                   self._rng if rng is None else rng, apply_dropout, extra)
 
     def backward(self, tape: LayerTape, d_y: Any = None, d_states: Any = None) -> LayerGrads:
         """Gradients given the loss's gradients w.r.t. ``y`` and the final states.
 
         ``d_y`` is shaped like ``y`` (``None`` is zeros); ``d_states`` is a dict like the
         final states (a missing name is zeros). Returns ``LayerGrads`` with ``x`` shaped like
-        the input, ``params[layer][direction]`` and ``states`` (the initial states').
+        the input, ``params[layer][direction]``, ``states`` (the initial states') and
+        ``extra`` (each extra input's, shaped like it, summed over the layers that read it).
         """
         return backward_paths.backward(self, tape, d_y, d_states)
 
     def double_backward(self, tape: LayerTape, d_y: np.ndarray,
                         d_states: Mapping[str, np.ndarray], g_x: np.ndarray, g_params: Grid,
-                        g_states: Mapping[str, np.ndarray]
+                        g_states: Mapping[str, np.ndarray],
+                        g_extra: Mapping[str, np.ndarray] | None = None
                         ) -> tuple[np.ndarray, States, LayerGrads]:
         """The derivative of ``backward(tape, d_y, d_states)``.
 
-        ``g_x``, ``g_params`` and ``g_states`` are cotangents of the ``LayerGrads`` that
-        backward returns (same shapes, all given). Returns the cotangents of ``d_y``, of
-        ``d_states`` and, as ``LayerGrads``, of the forward's x, params and initial states.
+        ``g_x``, ``g_params``, ``g_states`` and ``g_extra`` are cotangents of the
+        ``LayerGrads`` that backward returns (same shapes, all given but ``g_extra``, whose
+        missing entries are zeros). Returns the cotangents of ``d_y``, of ``d_states`` and,
+        as ``LayerGrads``, of the forward's x, params, initial states and extra inputs.
         Each cell's part is ``Function.double_backward``; this method composes them as
         ``backward`` composes the cells' backward, in reverse: up the layers for what flows
         through the first backward's chain of ``d_y``, then down the layers for what reaches
         a layer's input, which the layer below computed.
         """
         return backward_paths.double_backward(self, tape, d_y, d_states, g_x, g_params,
-                                              g_states)
+                                              g_states, g_extra)
 
     # -- weights in other libraries' layouts (rnnc.interop.layer_weights)
     def _set_params(self, grid: Grid) -> None:

@@ -9,7 +9,7 @@ layer's output but the last by a mask.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,6 +34,20 @@ class LayerTape:
     lengths: np.ndarray | None
     tapes: list[list[Tape]]  # [layer][direction]
     dropout_masks: list[np.ndarray | None]  # after layer k, for k < num_layers - 1
+    extra: dict[str, np.ndarray] = field(default_factory=dict)  # time-major, as given
+
+
+def layer_extra(layer: RNN, k: int, extra: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The extra inputs layer ``k`` reads: all of them, or zeros above layer 0 with
+    ``extra_inputs="first"``."""
+    if k == 0 or layer.extra_inputs == "all":
+        return extra
+    return {n: np.zeros_like(a) for n, a in extra.items()}
+
+
+def reads_extra(layer: RNN, k: int) -> bool:
+    """Whether layer ``k`` reads the caller's extra inputs (its gradients count)."""
+    return bool(layer.extra_sizes) and (k == 0 or layer.extra_inputs == "all")
 
 
 def valid_steps(T: int, lens: np.ndarray | None) -> np.ndarray | None:
@@ -49,7 +63,7 @@ def zero_past_lengths(a: np.ndarray, valid: np.ndarray | None) -> np.ndarray:
 
 
 def run(layer: RNN, x: Any, lengths: Any, states: Any, params: Any, train: bool,
-        rng: np.random.Generator, apply_dropout: bool | None) -> Result:
+        rng: np.random.Generator, apply_dropout: bool | None, extra: Any = None) -> Result:
     """``(y, final_states, tape)`` of ``RNN.forward`` (the tape is None unless ``train``)."""
     grid = checks.check_params(layer, params)
     dtype = np.dtype(next(iter(grid[0][0].values())).dtype) if grid[0][0] else layer.dtype
@@ -57,6 +71,7 @@ def run(layer: RNN, x: Any, lengths: Any, states: Any, params: Any, train: bool,
     T, B = x.shape[:2]
     lens = checks.check_lengths(layer, lengths, T, B)
     init = checks.check_states(layer, states, B, dtype, T=T)
+    extra = checks.check_extra(layer, extra, T, B, dtype)
     if B == 0:  # nothing to compute; compiled functions refuse an empty batch
         return run_empty(layer, T, dtype, train)
     L, D = layer.num_layers, layer.num_directions
@@ -70,7 +85,8 @@ def run(layer: RNN, x: Any, lengths: Any, states: Any, params: Any, train: bool,
         outs, row = [], []
         for d in range(D):
             st0 = {n: init[n][k * D + d] for n in layer.state_sizes}
-            y, st, tape = _run_direction(layer, k, d, inp, grid[k][d], st0, lens, train)
+            seqs = {layer.input_name: inp, **layer_extra(layer, k, extra)} if extra else inp
+            y, st, tape = _run_direction(layer, k, d, seqs, grid[k][d], st0, lens, train)
             outs.append(zero_past_lengths(y, valid))
             row.append(tape)
             for n in layer.state_sizes:
@@ -81,11 +97,11 @@ def run(layer: RNN, x: Any, lengths: Any, states: Any, params: Any, train: bool,
             masks.append(dropout_mask(inp.shape, layer.dropout, dtype, rng) if drop else None)
             inp = inp if masks[-1] is None else inp * masks[-1]
     y = inp.transpose(1, 0, 2) if layer.batch_first else inp
-    tape = LayerTape(layer, T, B, dtype, lens, tapes, masks) if train else None
+    tape = LayerTape(layer, T, B, dtype, lens, tapes, masks, extra) if train else None
     return np.ascontiguousarray(y), final, tape
 
 
-def _run_direction(layer: RNN, k: int, d: int, inp: np.ndarray, params: dict[str, Any],
+def _run_direction(layer: RNN, k: int, d: int, inp: Any, params: dict[str, Any],
                    st0: dict[str, np.ndarray], lens: np.ndarray | None, train: bool
                    ) -> tuple[np.ndarray, dict[str, np.ndarray], Tape | None]:
     """One direction ``d`` of layer ``k``: its output in time order, final states and tape."""

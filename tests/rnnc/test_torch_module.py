@@ -128,3 +128,128 @@ def test_sequence_classifier_trains():
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
+
+
+# --------------------------------------------------------------------------- extra inputs
+
+E, M, K = 2, 3, 4  # extra input width, second state's size, output width
+
+
+def extra_cell(n_in: int, n_h: int):
+    """m' = tanh(u A + h C + m G), h' = tanh(x W + u V + m' D + h U), y = h' P."""
+    from rnnc.dsl import Cell, tanh
+
+    c = Cell("extra_cell")
+    x, u, h, m = c.input("x", n_in), c.input("u", E), c.state("h", n_h), c.state("m", M)
+    A, C, G = c.param("A", (E, M)), c.param("C", (n_h, M)), c.param("G", (M, M))
+    W, V, D = c.param("W", (n_in, n_h)), c.param("V", (E, n_h)), c.param("D", (M, n_h))
+    U, P = c.param("U", (n_h, n_h)), c.param("P", (n_h, K))
+    m_new = tanh(u @ A + h @ C + m @ G)
+    h_new = tanh(x @ W + u @ V + m_new @ D + h @ U)
+    c.update(h=h_new, m=m_new)
+    c.output("y", h_new @ P)
+    return c
+
+
+def eager(module, x, u, h0, m0, first_only=False):
+    """The module's forward as a torch loop over its own parameters (time-major, 2 layers,
+    bidirectional, full lengths)."""
+    inp, hs, ms = x, [], []
+    for k in range(2):
+        uk = torch.zeros_like(u) if first_only and k else u
+        outs = []
+        for d in range(2):
+            p = {n: getattr(module, f"{n}_l{k}" + ("_reverse" if d else "")) for n in "ACGWVDUP"}
+            h, m, ys = h0[2 * k + d], m0[2 * k + d], [None] * x.shape[0]
+            for t in (range(x.shape[0]) if d == 0 else reversed(range(x.shape[0]))):
+                m = torch.tanh(uk[t] @ p["A"] + h @ p["C"] + m @ p["G"])
+                h = torch.tanh(inp[t] @ p["W"] + uk[t] @ p["V"] + m @ p["D"] + h @ p["U"])
+                ys[t] = h @ p["P"]
+            outs.append(torch.stack(ys))
+            hs.append(h)
+            ms.append(m)
+        inp = torch.cat(outs, 2)
+    return inp, torch.stack(hs), torch.stack(ms)
+
+
+@pytest.mark.parametrize("first_only", [False, True])
+def test_extra_inputs_match_eager_loop(first_only):
+    torch.manual_seed(0)
+    ours = rt.RNN(extra_cell, I, H, num_layers=2, bidirectional=True, backend="numpy",
+                  dtype=torch.float64, extra_inputs="first" if first_only else "all")
+    assert ours.extra_names == ("u",)
+    g = torch.Generator().manual_seed(1)
+    leaves = [torch.randn(s, generator=g, dtype=torch.float64, requires_grad=True)
+              for s in ((T, B, I), (T, B, E), (4, B, H), (4, B, M))]
+    x, u, h0, m0 = leaves
+    weights = [torch.randn(s, generator=g, dtype=torch.float64)
+               for s in ((T, B, 2 * K), (4, B, H), (4, B, M))]
+    y, st = ours(x, {"h": h0, "m": m0}, extra={"u": u})
+    want = eager(ours, x, u, h0, m0, first_only)
+    params = list(ours.parameters())
+    for a, b in zip((y, st["h"], st["m"]), want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+    def grads(outs):
+        loss = sum((o * w).sum() for o, w in zip(outs, weights, strict=True))
+        return torch.autograd.grad(loss, leaves + params)
+
+    for a, b in zip(grads((y, st["h"], st["m"])), grads(want), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
+def test_extra_inputs_gradcheck_and_gradgradcheck():
+    ours = rt.RNN(extra_cell, 2, 2, num_layers=2, bidirectional=True, batch_first=True,
+                  backend="numpy", dtype=torch.float64)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 3, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    u = torch.randn(2, 3, E, generator=g, dtype=torch.float64, requires_grad=True)
+
+    def f(x, u):
+        y, st = ours(x, extra={"u": u})
+        return y, st["m"]
+
+    assert torch.autograd.gradcheck(f, (x, u), check_batched_grad=True)
+    assert torch.autograd.gradgradcheck(f, (x, u))
+
+
+def test_extra_inputs_vmap_and_unbatched():
+    ours = rt.RNN(extra_cell, I, H, backend="numpy", dtype=torch.float64)
+    x, u = torch.randn(5, T, B, I, dtype=torch.float64), torch.randn(5, T, B, E,
+                                                                     dtype=torch.float64)
+    got = torch.func.vmap(lambda x, u: ours(x, extra={"u": u})[0])(x, u)
+    want = torch.stack([ours(x[i], extra={"u": u[i]})[0] for i in range(5)])
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ours(x[0, :, 0], extra={"u": u[0, :, 0]})[0], want[0, :, 0])
+
+
+def test_extra_input_errors_in_torch():
+    ours = rt.RNN(extra_cell, I, H, backend="numpy")
+    x, u = torch.zeros(T, B, I), torch.zeros(T, B, E)
+    with pytest.raises(RnncError, match="missing extra input 'u'"):
+        ours(x)
+    with pytest.raises(RnncError, match="unknown extra input 'v'"):
+        ours(x, extra={"u": u, "v": u})
+    with pytest.raises(RnncError, match="'u' must be a tensor"):
+        ours(x, extra={"u": u.numpy()})
+    with pytest.raises(RnncError, match=r"'u' must have shape \(T, B, size\) = \(5, 3, 2\)"):
+        ours(x, extra={"u": torch.zeros(T, B, E + 1)})
+    with pytest.raises(RnncError, match="'u' is float64, expected float32"):
+        ours(x, extra={"u": u.double()})
+
+
+def test_extra_inputs_with_packed_sequence():
+    ours = rt.RNN(extra_cell, I, H, num_layers=2, bidirectional=True, backend="numpy",
+                  dtype=torch.float64)
+    x, u = torch.randn(T, B, I, dtype=torch.float64), torch.randn(T, B, E, dtype=torch.float64)
+    lengths = torch.tensor([2, 5, 3])
+
+    def pack(t):
+        return rnn_utils.pack_padded_sequence(t, lengths, enforce_sorted=False)
+
+    out, _ = ours(pack(x), extra={"u": pack(u)})
+    got, _ = rnn_utils.pad_packed_sequence(out)
+    grid = ours._rnnc_params(tuple(ours._flat_parameters()))
+    want, _, _ = ours.layer.forward(x.numpy(), lengths.numpy(), params=grid, train=False,
+                                    extra={"u": u.numpy()})
+    torch.testing.assert_close(got, torch.from_numpy(want), rtol=0, atol=0)
