@@ -11,16 +11,20 @@ are zeroed before the loop and accumulated after each step.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from llvmlite import ir
 
+from rnnc import ops
+from rnnc.backends.llvm import gemm, mathlib
 from rnnc.backends.llvm.blas import Convention
 from rnnc.backends.llvm.context import I64, Buffer, Context, Plan
-from rnnc.backends.llvm.kernels import emit_accumulate, emit_loop
-from rnnc.backends.llvm.region import emit_fused, per_element
+from rnnc.backends.llvm.kernels import emit_accumulate, emit_loop, share_identical_functions
+from rnnc.backends.llvm.region import KERNEL_NODES, emit_fused, per_element
 from rnnc.backends.llvm.rules import RULES
+from rnnc.backends.llvm.team import Team
 from rnnc.backends.schedule import GraphSchedule, Step, schedule_program
 from rnnc.ir import ARG, FUSED, GET, Node, Program
 
@@ -61,12 +65,15 @@ def _last_stage(program: Program) -> dict[str, int]:
 class Lowering:
     """Builds ``rnnc_run`` for one program: walks its schedule and gives every node a buffer."""
 
-    def __init__(self, program: Program, convention: Convention) -> None:
+    def __init__(self, program: Program, convention: Convention, team: bool = False) -> None:
         self.schedule = schedule_program(program)
         shapes = env_shapes(program)
         plan = Plan(program.dtype, tuple((n, t.shape) for n, (_, t) in program.args.items()),
                     tuple((n, shapes[n]) for n in program.results))
-        self.ctx = Context.start(plan, convention)
+        self.ctx = Context.start(plan, convention, team)
+        # A team build splits the nodes of the step body between threads while ``splitting``.
+        self.team = Team(self.ctx) if team else None
+        self.splitting = False
         self.env: dict[str, Buffer] = {n: self.ctx.buffer(k, s)
                                        for k, (n, s) in enumerate(plan.args)}
         self.result_buffers: dict[str, Buffer] = {}
@@ -116,7 +123,7 @@ class Lowering:
         for name, output in graph.outputs.items():
             dest = dests.get(name)
             if dest is not None:
-                self.ctx.copy(dest, values[output.slot])
+                self.copy(dest, values[output.slot])
             out[name] = values[output.slot] if dest is None else dest
         if reuse:
             kept = {output.slot for output in graph.outputs.values()}
@@ -145,7 +152,7 @@ class Lowering:
                 values[step.slot] = operands[0][step.attrs["index"]]
             else:
                 values[step.slot] = self.out(step.node)
-                RULES[step.op](self.ctx, step.node, values[step.slot], *operands)
+                self.lower_node(step.node, values[step.slot], operands)
             for i in set(step.inputs):
                 users[i] -= 1
                 if users[i] == 0 and i in self.owned and i not in kept and reuse:
@@ -174,17 +181,77 @@ class Lowering:
             else:
                 outputs[output.slot] = buf
         if outputs:
-            emit_fused(self.ctx, region, leaves, outputs)
+            keys, dests = list(leaves), list(outputs)
+            if self.splitting and len(region.steps) > KERNEL_NODES:
+                # A long region keeps values in whole-batch slots between its loops.
+                self.team.serial(lambda: emit_fused(self.ctx, region, leaves, outputs))
+            else:
+                self.split([leaves[k] for k in keys], [outputs[k] for k in dests],
+                           lambda i, o: emit_fused(self.ctx, region,
+                                                   dict(zip(keys, i, strict=True)),
+                                                   dict(zip(dests, o, strict=True))))
         for dst, src in copies:
-            self.ctx.copy(dst, src)
+            self.copy(dst, src)
         return tuple(bufs)
+
+    # -- the team's split of the step body
+    def split(self, inputs: Sequence[Buffer], outputs: Sequence[Buffer],
+              emit: Callable[[list[Buffer], list[Buffer]], None]) -> None:
+        """``emit(inputs, outputs)``: by blocks of batch rows in a team's step body."""
+        if self.splitting:
+            self.team.rows(inputs, outputs, emit)
+        else:
+            emit(list(inputs), list(outputs))
+
+    def copy(self, dst: Buffer, src: Buffer) -> None:
+        if dst.ptr is not src.ptr:
+            self.split([src], [dst], lambda i, o: self.ctx.copy(o[0], i[0]))
+
+    def lower_node(self, node: Node, out: Buffer, operands: list) -> None:
+        """One node by its rule; in a team's step body, a recurrent product by column
+        panels and any other node by batch rows where it can be split."""
+        ctx = self.ctx
+        if not self.splitting:
+            RULES[node.op](ctx, node, out, *operands)
+            return
+        if node.op is ops.matmul and _by_panels(ctx, node, *operands):
+            a, w = operands
+            transposed = bool(node.attrs.get("transpose_b"))
+            self.team.columns(lambda first, stop: gemm.emit_panel_gemm(
+                ctx, ctx.B, a, w, out, transposed, (first, stop)),
+                gemm.panels(ctx, w, transposed))
+            return
+        if node.op is ops.matmul:
+            self.team.serial(lambda: RULES[node.op](ctx, node, out, *operands))
+            return
+        self.split(operands, [out], lambda i, o: RULES[node.op](ctx, node, o[0], *i))
+
+    @contextmanager
+    def main_only(self) -> Iterator[None]:
+        """Code emitted inside runs on thread 0 only (on every thread without a team)."""
+        if self.team is None:
+            yield
+            return
+        with self.ctx.builder.if_then(self.team.is_main()):
+            yield
+
+    def leave_unless_main(self) -> None:
+        """Threads other than thread 0 return here."""
+        if self.team is not None:
+            b = self.ctx.builder
+            rest, leave = b.append_basic_block("main"), b.append_basic_block("leave")
+            b.cbranch(self.team.is_main(), rest, leave)
+            b.position_at_end(leave)
+            b.ret_void()
+            b.position_at_end(rest)
 
     # -- the program
     def lower(self) -> str:
         """The LLVM IR text of the whole program."""
         schedule, ctx = self.schedule, self.ctx
-        self.env.update(self.lower_graph(schedule.pre, self.env, {
-            n: self.destination(n, 1) for n in schedule.pre.outputs}, reuse=True))
+        with self.main_only():
+            self.env.update(self.lower_graph(schedule.pre, self.env, {
+                n: self.destination(n, 1) for n in schedule.pre.outputs}, reuse=True))
         self.lower_scan()
         self.env.update(self.lower_graph(schedule.post, self.env, {
             n: self.destination(n, 3) for n in schedule.post.outputs}, reuse=True))
@@ -208,10 +275,13 @@ class Lowering:
         stacked = {n: self.destination(n, 2) or ctx.slot(("T",) + shape_of[n])
                    for n in scan.stacked}
         summed = {n: self.destination(n, 2) or ctx.slot(shape_of[n]) for n in scan.summed}
-        for buf in summed.values():
-            ctx.zero(buf)
+        with self.main_only():
+            for buf in summed.values():
+                ctx.zero(buf)
         slots = {c.name: self._carry_slots(self.env[c.init], shape_of[c.name])
                  for c in scan.carries}
+        if self.team is not None:
+            self.team.barrier()
 
         def carry(name: str, which: int) -> Buffer:
             return Buffer(b.load(slots[name][which]), shape_of[name])
@@ -231,14 +301,20 @@ class Lowering:
             dests: dict[str, Buffer | None] = dict(nxt)
             dests.update({n: at_step(stacked[n]) for n in scan.stacked})
             dests.update({n: None for n in scan.summed})
+            self.splitting = self.team is not None
             values = self.lower_graph(self.schedule.body, bound, dests)
             for n in scan.summed:
-                emit_accumulate(ctx, summed[n], values[n])
+                self.split([values[n]], [summed[n]],
+                           lambda i, o: emit_accumulate(ctx, o[0], i[0]))
+            if self.team is not None:
+                self.team.end_step()
+            self.splitting = False
             for c in scan.carries:
                 b.store(nxt[c.name].ptr, slots[c.name][0])
                 b.store(cur[c.name].ptr, slots[c.name][1])
 
         emit_loop(b, ir.Constant(I64, 0), ctx.T, 1, step, ("loop", "step", "finish"))
+        self.leave_unless_main()
         self.env.update(stacked)
         self.env.update(summed)
         for c in scan.carries:
@@ -252,7 +328,8 @@ class Lowering:
         the pointers of the current one and the next one, swapped after every step."""
         ctx = self.ctx
         first, second = ctx.slot(shape), ctx.slot(shape)
-        ctx.copy(first, init)
+        with self.main_only():
+            ctx.copy(first, init)
         slots = ctx.entry.alloca(first.ptr.type), ctx.entry.alloca(first.ptr.type)
         ctx.builder.store(first.ptr, slots[0])
         ctx.builder.store(second.ptr, slots[1])
@@ -271,6 +348,30 @@ def _redirects(graph: GraphSchedule, nodes: Mapping[int, Node],
     return redirect
 
 
+def _by_panels(ctx: Context, node: Node, a: Buffer, w: Buffer) -> bool:
+    """Whether a team splits the product ``node`` by the panel kernel's column panels."""
+    return _panel_work(node, a.shape, w.shape, 2 * gemm.lanes(ctx)) > 0
+
+
+def _panel_work(node: Node, a: tuple, w: tuple, width: int) -> int:
+    """The multiply-adds per batch row of a product a team splits by panels of ``width``
+    columns, else 0."""
+    if node.attrs.get("transpose_a") or tuple(a[:-1]) != ("B",) or len(w) != 2:
+        return 0
+    n, k = w if node.attrs.get("transpose_b") else w[::-1]
+    return n * k if isinstance(n, int) and isinstance(k, int) and n % width == 0 else 0
+
+
+def team_work(program: Program) -> int:
+    """The multiply-adds per batch row and step of the step body's products that a thread
+    team splits; 0: a team build would run every product on one thread."""
+    body = schedule_program(program).body
+    width = 2 * mathlib.vector_width(64 if program.dtype == "f64" else 32)
+    nodes = {step.slot: step.node for step in body.steps}
+    return sum(_panel_work(step.node, nodes[step.inputs[0]].shape, nodes[step.inputs[1]].shape,
+                           width) for step in body.steps if step.op is ops.matmul)
+
+
 def _needed(graph: GraphSchedule) -> set[int]:
     """The nodes some output of ``graph`` depends on: one walk from all outputs at once."""
     inputs = {step.slot: step.inputs for step in graph.steps}
@@ -284,36 +385,8 @@ def _needed(graph: GraphSchedule) -> set[int]:
     return needed
 
 
-def share_identical_functions(module: ir.Module, entry: ir.Function) -> int:
-    """Make ``entry`` call one copy of each set of identical internal functions (the kernels
-    of the same loop at different call sites), delete the others, and return how many calls
-    ``entry`` makes to internal functions."""
-    canonical: dict[str, ir.Function] = {}
-    same: dict[str, ir.Function] = {}
-    for fn in module.functions:
-        if fn is entry or fn.is_declaration:
-            continue
-        head, _, body = str(fn).partition("\n")
-        text = head.replace(f'@"{fn.name}"', "@", 1) + "\n" + body
-        first = canonical.setdefault(text, fn)
-        if first is not fn:
-            same[fn.name] = first
-    calls = 0
-    for fn in module.functions:
-        for block in fn.blocks:
-            for instr in block.instructions:
-                if not (isinstance(instr, ir.CallInstr) and isinstance(instr.callee, ir.Function)
-                        and not instr.callee.is_declaration):
-                    continue
-                calls += fn is entry
-                if instr.callee.name in same:
-                    instr.replace_callee(same[instr.callee.name])
-    for name in same:
-        del module.globals[name]
-    return calls
-
-
-def lower(program: Program, convention: Convention) -> tuple[str, Plan]:
-    """The LLVM IR text of ``rnnc_run`` for ``program`` and its buffer plan."""
-    lowering = Lowering(program, convention)
+def lower(program: Program, convention: Convention, team: bool = False) -> tuple[str, Plan]:
+    """The LLVM IR text of ``rnnc_run`` for ``program`` and its buffer plan; ``team``: the
+    build for a thread team (:mod:`rnnc.backends.llvm.team`)."""
+    lowering = Lowering(program, convention, team)
     return lowering.lower(), lowering.ctx.plan

@@ -86,12 +86,17 @@ class Context:
     own_gemms: dict[tuple, ir.Function] = field(default_factory=dict)  # by kernel shape
     # Stack slots of the (set_num_threads address, thread count) the GEMM sites set last.
     threads_state: tuple[ir.Value, ir.Value] | None = None
+    # While a thread team's node is emitted on a block of batch rows: the block's row count,
+    # which ``B`` then stands for (:mod:`rnnc.backends.llvm.team`).
+    rows: ir.Value | None = None
 
     @classmethod
-    def start(cls, plan: Plan, convention: Convention) -> Context:
-        """An empty ``rnnc_run`` in a new module, for the buffers of ``plan``."""
+    def start(cls, plan: Plan, convention: Convention, team: bool = False) -> Context:
+        """An empty ``rnnc_run`` in a new module, for the buffers of ``plan``; a team build
+        also takes the team's shared state (``i64*``) and the thread's index (``i64``)."""
         module = ir.Module(name="rnnc")
-        fnty = ir.FunctionType(ir.VoidType(), [I8P.as_pointer(), I64, I64, I8P])
+        extra = [I64.as_pointer(), I64] if team else []
+        fnty = ir.FunctionType(ir.VoidType(), [I8P.as_pointer(), I64, I64, I8P] + extra)
         function = ir.Function(module, fnty, ENTRY)
         function.attributes.add("nounwind")
         entry = ir.IRBuilder(function.append_basic_block("entry"))
@@ -105,7 +110,7 @@ class Context:
 
     @property
     def B(self) -> ir.Value:  # noqa: N802 - the symbol's name
-        return self.function.args[2]
+        return self.function.args[2] if self.rows is None else self.rows
 
     @property
     def gemm_table(self) -> ir.Value:

@@ -38,6 +38,8 @@ SMALL_ROWS = 2
 # Up to this many multiply-adds per step (rows * n * k) the panel kernel beats a threaded BLAS.
 MAX_WORK = 12 << 20
 ROWS = 6  # row block: 2 * ROWS accumulators + 2 weight vectors + 1 broadcast fit in 32 zmm
+# Panel rows per chunk: 2 * lanes * K_CHUNK values (32 KiB) stay in L1 across row tiles.
+K_CHUNK = 256
 GEMM_ENTRY = 3  # uint64 words per GEMM site in the table the runner passes
 
 
@@ -205,10 +207,17 @@ def fits(ctx: Context, n: int) -> bool:
     return isinstance(n, int) and n % (2 * lanes(ctx)) == 0
 
 
+def panels(ctx: Context, w: Buffer, transposed: bool) -> int:
+    """How many column panels the panel kernel splits ``a @ w`` (``a @ w.T``) into."""
+    return (w.shape[0] if transposed else w.shape[1]) // (2 * lanes(ctx))
+
+
 def emit_panel_gemm(ctx: Context, rows: ir.Value, a: Buffer, w: Buffer, out: Buffer,
-                    transposed: bool = False) -> None:
+                    transposed: bool = False,
+                    span: tuple[ir.Value, ir.Value] | None = None) -> None:
     """Call (building it once per shape) the kernel computing ``out[:rows] = a @ w``
-    (``a @ w.T`` when ``transposed``: backward's ``dG @ U^T``)."""
+    (``a @ w.T`` when ``transposed``: backward's ``dG @ U^T``); with ``span``, only the
+    column panels ``span[0] .. span[1]`` (packing only those)."""
     k_size, n = w.shape[::-1] if transposed else w.shape
     key = (k_size, n, transposed)
     if key not in ctx.own_gemms:
@@ -220,7 +229,10 @@ def emit_panel_gemm(ctx: Context, rows: ir.Value, a: Buffer, w: Buffer, out: Buf
     marker = ctx.entry.alloca(ptr)
     ctx.entry.store(ir.Constant(ptr, None), marker)
     args = [ctx.builder.bitcast(x.ptr, ptr) for x in (a, w, out, packed)]
-    ctx.builder.call(ctx.own_gemms[key], [rows] + args + [marker])
+    width = 2 * lanes(ctx)
+    first, stop = span or (_c(0), _c(n // width))
+    columns = [ctx.builder.mul(first, _c(width)), ctx.builder.mul(stop, _c(width))]
+    ctx.builder.call(ctx.own_gemms[key], [rows] + args + [marker] + columns)
 
 
 def _c(v: int) -> ir.Constant:
@@ -228,7 +240,8 @@ def _c(v: int) -> ir.Constant:
 
 
 class _PanelKernel:
-    """Builds ``panel_gemm(i64 rows, a, w, out, packed, marker)`` for one shape of ``w``."""
+    """Builds ``panel_gemm(i64 rows, a, w, out, packed, marker, i64 first, i64 stop)`` for one
+    shape of ``w``: output columns ``first .. stop`` (whole panels)."""
 
     def __init__(self, ctx: Context, k_size: int, n: int, transposed: bool) -> None:
         self.k_size, self.n, self.transposed = k_size, n, transposed
@@ -236,12 +249,14 @@ class _PanelKernel:
         self.vec = ir.VectorType(ctx.scalar, self.L)
         self.vptr = self.vec.as_pointer()
         ptr = ctx.scalar.as_pointer()
-        fnty = ir.FunctionType(ir.VoidType(), [I64, ptr, ptr, ptr, ptr, ptr.as_pointer()])
+        fnty = ir.FunctionType(ir.VoidType(), [I64, ptr, ptr, ptr, ptr, ptr.as_pointer(),
+                                               I64, I64])
         self.fn = ir.Function(ctx.module, fnty,
                               f"panel_gemm.{k_size}x{n}{'t' if transposed else ''}")
         self.fn.linkage = "internal"
         self.fn.attributes.add("nounwind")
-        self.rows, self.a, self.w, self.out, self.packed, self.marker = self.fn.args
+        (self.rows, self.a, self.w, self.out, self.packed, self.marker, self.first,
+         self.stop) = self.fn.args
         for arg in (self.a, self.w, self.out, self.packed):
             arg.add_attribute("noalias")
         self.entry = ir.IRBuilder(self.fn.append_basic_block("entry"))
@@ -251,9 +266,9 @@ class _PanelKernel:
     def build(self) -> ir.Function:
         b, panel_width = self.b, 2 * self.L
         with b.if_then(b.icmp_unsigned("!=", b.load(self.marker), self.w)):
-            emit_loop(b, _c(0), _c(self.n), panel_width, self.pack_panel)
+            emit_loop(b, self.first, self.stop, panel_width, self.pack_panel)
             b.store(self.w, self.marker)
-        emit_loop(b, _c(0), _c(self.n), panel_width, self.panel)
+        emit_loop(b, self.first, self.stop, panel_width, self.panel)
         b.ret_void()
         self.entry.branch(self.fn.blocks[1])
         return self.fn
@@ -279,22 +294,42 @@ class _PanelKernel:
         emit_loop(b, _c(0), _c(k_size), 1, row)
 
     def panel(self, col: ir.Value) -> None:
-        """Every row of the output's columns ``col .. col + 2L``, in tiles of ``ROWS`` rows."""
+        """Every row of the output's columns ``col .. col + 2L``, by chunks of
+        :data:`K_CHUNK` rows of the panel (one chunk stays in L1 while every row tile reads
+        it); the sums go on in the same order as with one chunk."""
+        b, k_size = self.b, self.k_size
+        if k_size <= K_CHUNK:
+            self.chunk(col, _c(0), k_size, True)
+            return
+        self.chunk(col, _c(0), K_CHUNK, True)
+        emit_loop(b, _c(K_CHUNK), _c(k_size), K_CHUNK,
+                  lambda k0: self.chunk(col, k0, K_CHUNK, False))
+        if k_size % K_CHUNK:
+            self.chunk(col, _c(k_size - k_size % K_CHUNK), k_size % K_CHUNK, False)
+
+    def chunk(self, col: ir.Value, k0: ir.Value, kc: int, first: bool) -> None:
+        """Panel rows ``k0 .. k0 + kc`` for every row, in tiles of ``ROWS`` rows."""
         b = self.b
-        end = emit_loop(b, _c(0), self.rows, ROWS, lambda r0: self.tile(r0, ROWS, col))
+        end = emit_loop(b, _c(0), self.rows, ROWS,
+                        lambda r0: self.tile(r0, ROWS, col, k0, kc, first))
         # The rows left over (fewer than ROWS) as one tile of their own height.
         left = b.sub(self.rows, end)
         for height in range(1, ROWS):
             with b.if_then(b.icmp_signed("==", left, _c(height))):
-                self.tile(end, height, col)
+                self.tile(end, height, col, k0, kc, first)
 
-    def tile(self, r0: ir.Value, nrows: int, col: ir.Value) -> None:
-        """Rows ``r0 .. r0 + nrows``, columns ``col .. col + 2L``, accumulated in registers."""
+    def tile(self, r0: ir.Value, nrows: int, col: ir.Value, k0: ir.Value, kc: int,
+             first: bool) -> None:
+        """Rows ``r0 .. r0 + nrows``, columns ``col .. col + 2L``, accumulated in registers
+        over ``k0 .. k0 + kc`` (starting from zero on the first chunk, else from ``out``)."""
         b, L, k_size, vec = self.b, self.L, self.k_size, self.vec
         accs = [[self.entry.alloca(vec) for _ in range(2)] for _ in range(nrows)]
-        for pair in accs:
-            for acc in pair:
-                b.store(ir.Constant(vec, [0.0] * L), acc)
+        for i, pair in enumerate(accs):
+            base = b.add(b.mul(b.add(r0, _c(i)), _c(self.n)), col)
+            for h, acc in enumerate(pair):
+                start = ir.Constant(vec, [0.0] * L) if first else b.load(
+                    b.bitcast(b.gep(self.out, [b.add(base, _c(h * L))]), self.vptr), align=4)
+                b.store(start, acc)
         mask = ir.Constant(ir.VectorType(I32, L), [0] * L)
 
         def step(k: ir.Value) -> None:
@@ -309,7 +344,7 @@ class _PanelKernel:
                 for h in range(2):
                     b.store(b.call(self.fma, [v, ws[h], b.load(accs[i][h])]), accs[i][h])
 
-        emit_loop(b, _c(0), _c(k_size), 1, step)
+        emit_loop(b, k0, b.add(k0, _c(kc)), 1, step)
         for i in range(nrows):
             base = b.add(b.mul(b.add(r0, _c(i)), _c(self.n)), col)
             for h in range(2):

@@ -153,3 +153,32 @@ def emit_accumulate(ctx: Context, dst: Buffer, src: Buffer) -> None:
     kernel.nest(dst.shape, lambda i: kernel.store(
         0, i, b.fadd(kernel.load(0, i), kernel.load(1, i))))
     kernel.finish()
+
+
+def share_identical_functions(module: ir.Module, entry: ir.Function) -> int:
+    """Make ``entry`` call one copy of each set of identical internal functions (the kernels
+    of the same loop at different call sites), delete the others, and return how many calls
+    ``entry`` makes to internal functions."""
+    canonical: dict[str, ir.Function] = {}
+    same: dict[str, ir.Function] = {}
+    for fn in module.functions:
+        if fn is entry or fn.is_declaration:
+            continue
+        head, _, body = str(fn).partition("\n")
+        text = head.replace(f'@"{fn.name}"', "@", 1) + "\n" + body
+        first = canonical.setdefault(text, fn)
+        if first is not fn:
+            same[fn.name] = first
+    calls = 0
+    for fn in module.functions:
+        for block in fn.blocks:
+            for instr in block.instructions:
+                if not (isinstance(instr, ir.CallInstr) and isinstance(instr.callee, ir.Function)
+                        and not instr.callee.is_declaration):
+                    continue
+                calls += fn is entry
+                if instr.callee.name in same:
+                    instr.replace_callee(same[instr.callee.name])
+    for name in same:
+        del module.globals[name]
+    return calls

@@ -4,8 +4,12 @@ Options (the only place that reads environment variables):
 
 - ``blas``: a library name of :mod:`rnnc.backends.llvm.blas` (default ``$RNNC_BLAS`` or the
   preferred installed one);
-- ``threads``: BLAS threads, an integer from 1 to :data:`MAX_THREADS` (default
-  ``$RNNC_THREADS``, same range, or the machine's cores); anything else is an ``RnncError``;
+- ``threads``: threads, an integer from 1 to :data:`MAX_THREADS` (default ``$RNNC_THREADS``,
+  same range, or the cores this process may use); anything else is an ``RnncError``. They are
+  BLAS's threads, and the size of the thread team when ``team`` is on;
+- ``team``: run the time loop of a sequence whose recurrent products are big enough
+  (:data:`TEAM_MIN_WORK`) on a team of ``threads`` threads, a bool (default: on when
+  ``$RNNC_TEAM`` is ``1``, else off; ``docs/threads.md``);
 - ``cache_dir``: the cache directory (default ``$RNNC_CACHE_DIR``, else
   ``$XDG_CACHE_HOME/rnnc`` or ``~/.cache/rnnc``): object code goes to ``<cache_dir>/llvm``
   and the BLAS tuning file to ``<cache_dir>/blas.json``. ``False`` keeps object code in
@@ -26,14 +30,16 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from rnnc import diskcache
-from rnnc.backends.llvm import autotune, cache, codegen
+from rnnc.backends.llvm import autotune, cache, codegen, pool
 from rnnc.backends.llvm import blas as blas_lib
+from rnnc.backends.llvm.context import Plan
 from rnnc.backends.schedule import NUMPY_DTYPES, resolve
 from rnnc.errors import BackendUnavailable, RnncTypeError, RnncValueError
 from rnnc.fingerprint import fingerprint
@@ -43,6 +49,9 @@ _ALIGN = 64
 _SIGNATURE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                               ctypes.c_void_p)
 MAX_THREADS = 1024
+# Multiply-adds of the recurrent products of one step (B times the weights' sizes) from which
+# a sequence runs on the thread team; below it, a team spends more time meeting than working.
+TEAM_MIN_WORK = 1 << 22
 _threads_set: dict[str, int] = {}
 _threads_lock = threading.Lock()
 _runners: weakref.WeakSet[Runner] = weakref.WeakSet()
@@ -59,9 +68,15 @@ class Runner:
     """``runner(env, dims) -> results`` for one compiled program; safe from many threads."""
 
     def __init__(self, compiled: cache.Compiled, libraries: list[blas_lib.Blas], threads: int,
-                 dtype: str, compile_seconds: float, tuning_dir: Path | None = None) -> None:
+                 dtype: str, compile_seconds: float, tuning_dir: Path | None = None,
+                 team: Callable[[], cache.Compiled] | None = None, team_work: int = 0) -> None:
         self.compiled = compiled  # keeps the engine alive after the code cache drops it
         self.threads = threads
+        # The team build, compiled on first use, and the weights' multiply-adds per batch row
+        # and step of the products it splits.
+        self._team_build, self.team_work = team, team_work
+        self._team: tuple[cache.Compiled, Any] | None = None
+        self._team_lock = threading.Lock()
         self.tuning_dir = tuning_dir
         self.plan = compiled.plan
         self.dtype = np.dtype(NUMPY_DTYPES[dtype])
@@ -103,17 +118,32 @@ class Runner:
                     self._tables.pop(next(iter(self._tables)))
             return self._tables[(T, B)]
 
-    def _workspace(self, T: int, B: int) -> list[int]:
-        """Slot addresses for (T, B), allocated once per shape and per thread."""
+    def team_size(self, B: int) -> int:
+        """The threads that run a sequence of batch ``B``: 1 unless the team pays."""
+        if self._team_build is None or B * self.team_work < TEAM_MIN_WORK:
+            return 1
+        return self.threads
+
+    def _team_function(self) -> tuple[cache.Compiled, Any]:
+        with self._team_lock:
+            if self._team is None:
+                compiled = self._team_build()
+                self._team = compiled, pool.SIGNATURE(compiled.address)
+            return self._team
+
+    def _workspace(self, T: int, B: int, plan: Plan | None = None) -> list[int]:
+        """Slot addresses for (T, B), allocated once per shape, plan and calling thread."""
         spaces = getattr(self._local, "spaces", None)
         if spaces is None:
             spaces = self._local.spaces = OrderedDict()
-        if (T, B) in spaces:
-            spaces.move_to_end((T, B))
-            return spaces[(T, B)][1]
+        plan = plan or self.plan
+        key = (T, B, id(plan))
+        if key in spaces:
+            spaces.move_to_end(key)
+            return spaces[key][1]
         dims = {"T": T, "B": B}
         sizes = [int(np.prod(resolve(s, dims), dtype=np.int64)) * self.dtype.itemsize
-                 for s in self.plan.slots]
+                 for s in plan.slots]
         offsets, total = [], 0
         for size in sizes:
             offsets.append(total)
@@ -121,7 +151,7 @@ class Runner:
         raw = np.empty(total + _ALIGN, np.uint8)
         base = raw.ctypes.data + (-raw.ctypes.data) % _ALIGN
         addresses = [base + off for off in offsets]
-        spaces[(T, B)] = (raw, addresses)
+        spaces[key] = (raw, addresses)
         while len(spaces) > 4:  # a few recent shapes; memory stays bounded
             spaces.popitem(last=False)
         return addresses
@@ -154,9 +184,14 @@ class Runner:
             if name not in results:
                 results[name] = np.empty(resolve(shape, sizes), self.dtype)
             pointers.append(results[name].ctypes.data)
-        pointers.extend(self._workspace(T, B))
-        table = np.array(pointers, dtype=np.uint64)
         gemms = self._gemm_table(T, B)
+        size = self.team_size(B)
+        if size > 1:
+            compiled, function = self._team_function()
+            table = np.array(pointers + self._workspace(T, B, compiled.plan), dtype=np.uint64)
+            if pool.run_team(function, (table.ctypes.data, T, B, gemms.ctypes.data), size):
+                return results
+        table = np.array(pointers + self._workspace(T, B), dtype=np.uint64)
         # ctypes releases the GIL for the whole sequence.
         self.function(table.ctypes.data, T, B, gemms.ctypes.data)
         return results
@@ -169,7 +204,7 @@ class LlvmBackend:
 
     def __init__(self, blas: str | None = None, threads: int | None = None,
                  cache_dir: str | os.PathLike | bool | None = None,
-                 code_cache_mb: float | None = None) -> None:
+                 code_cache_mb: float | None = None, team: bool | None = None) -> None:
         name = blas if blas is not None else os.environ.get("RNNC_BLAS") or None
         try:
             self.blas = blas_lib.get(name)
@@ -179,6 +214,11 @@ class LlvmBackend:
         # installed library of the same calling convention.
         self.libraries = [self.blas] if name else blas_lib.same_convention(self.blas)
         self.threads = _threads_option(threads)
+        if team is None:
+            team = os.environ.get("RNNC_TEAM", "").strip() == "1"
+        if not isinstance(team, bool):
+            raise RnncTypeError(f"team must be True or False, got {team!r}")
+        self.team = team
         if not (cache_dir is None or isinstance(cache_dir, bool | str | os.PathLike)):
             raise RnncTypeError(f"cache_dir must be a directory path, True (the default cache "
                                 f"directory) or False (memory only), got "
@@ -204,10 +244,17 @@ class LlvmBackend:
         start = time.perf_counter()
         identity = fingerprint(program)
         k = cache.key(identity, program.dtype, self.blas.convention)
+        fits = lambda plan: cache.plan_fits(plan, program)  # noqa: E731
         compiled = self.cache.get(k, identity, lambda: codegen.lower(program, self.blas.convention),
-                                  lambda plan: cache.plan_fits(plan, program))
+                                  fits)
+        team, work = None, codegen.team_work(program)
+        if self.team and self.threads > 1 and work:
+            team_key = cache.key(identity, program.dtype, self.blas.convention + ":team")
+            team = lambda: self.cache.get(  # noqa: E731
+                team_key, identity, lambda: codegen.lower(program, self.blas.convention, True),
+                fits)
         return Runner(compiled, self.libraries, self.threads, program.dtype,
-                      time.perf_counter() - start, self.tuning_dir)
+                      time.perf_counter() - start, self.tuning_dir, team, work)
 
 
 def _threads_option(threads: int | None) -> int:
@@ -254,6 +301,7 @@ def _after_fork_in_child() -> None:
     _threads_lock = threading.Lock()
     for runner in list(_runners):
         runner._tables_lock = threading.Lock()
+        runner._team_lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):

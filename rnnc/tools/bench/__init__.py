@@ -63,6 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="llvm", help="rnnc backend (default llvm)")
     parser.add_argument("--threads", type=int, default=None,
                         help="threads for rnnc's BLAS and PyTorch (default: available cores)")
+    parser.add_argument("--team", action="store_true",
+                        help="run rnnc's time loop on a thread team of --threads threads "
+                             "(llvm backend; docs/threads.md)")
     parser.add_argument("--reps", type=int, default=5, help="timed repetitions (>= 5 to report)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls first (>= 1)")
     parser.add_argument("--no-compile-time", action="store_true",
@@ -70,6 +73,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--markdown", metavar="FILE", help="also write the table as Markdown")
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     parser.add_argument("--png", metavar="FILE", help="bar chart of ratios (needs matplotlib)")
+
+
+def _set_threads(args: argparse.Namespace, peers: list[str], threads: int) -> dict:
+    """rnnc's backend options and PyTorch's thread count; prints the threads of each side."""
+    options: dict = {} if args.backend == "numpy" else {"threads": threads}
+    if getattr(args, "team", False) and args.backend == "llvm":
+        options["team"] = True
+    used = [f"rnnc {threads if options else 1}" + (" (team)" if options.get("team") else "")]
+    if {"torch", "eager"} & set(peers):
+        import torch
+
+        torch.set_num_threads(threads)
+        used.append(f"torch {torch.get_num_threads()}")
+    print("threads: " + ", ".join(used), flush=True)
+    return options
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,11 +110,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     threads = args.threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                                else os.cpu_count() or 1)
-    options = {} if args.backend == "numpy" else {"threads": threads}
-    if {"torch", "eager"} & set(peers):
-        import torch
-
-        torch.set_num_threads(threads)
+    options = _set_threads(args, peers, threads)
     configs = [CONFIGS[c] for c in args.configs]
     if args.size == "tiny":
         configs = [tiny(c) for c in configs]

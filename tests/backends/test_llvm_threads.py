@@ -1,0 +1,119 @@
+"""The LLVM backend's thread team (docs/threads.md): every team size against the NumPy oracle
+and bitwise against a team of one, forward and backward."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llvmlite")
+
+import rnnc  # noqa: E402
+from rnnc.backends.llvm import codegen, pool, runtime  # noqa: E402
+from rnnc.tools.bench.configs import ln_lstm  # noqa: E402
+from tests.strategies import random_data  # noqa: E402
+
+TOL = {np.float32: 2e-5, np.float64: 1e-10}
+GRAD_TOL = {np.float32: 2e-4, np.float64: 1e-9}
+CELLS = {"lstm": rnnc.cells.lstm, "gru": rnnc.cells.gru, "ln_lstm": ln_lstm,
+         "mgu": rnnc.cells.mgu}
+_compiled: dict[tuple, rnnc.Function] = {}
+
+
+@pytest.fixture(autouse=True)
+def _always_team(monkeypatch) -> None:
+    monkeypatch.setattr(runtime, "TEAM_MIN_WORK", 0)
+
+
+def function(name: str, size: tuple[int, int], threads: int | None) -> rnnc.Function:
+    """The cell compiled by the oracle (threads None) or by LLVM at a thread count."""
+    key = (name, size, threads)
+    if key not in _compiled:
+        cell = CELLS[name](*size)
+        _compiled[key] = rnnc.compile(cell, optimize=False) if threads is None else \
+            rnnc.compile(cell, backend="llvm", threads=threads, team=True, cache_dir=False)
+    return _compiled[key]
+
+
+def run(f: rnnc.Function, name: str, size: tuple, T: int, B: int, dtype: type,
+        lengths: bool) -> list[np.ndarray]:
+    """Forward and backward of one seeded sequence, as a flat list of arrays."""
+    x, params, states = random_data(CELLS[name](*size), T, B, 3, dtype)
+    kw = {"lengths": np.arange(B, 0, -1) % T + 1} if lengths else {}
+    ys, st, tape = f.forward(x, params, states=states, **kw)
+    rng = np.random.default_rng(4)
+    d_out = {k: rng.standard_normal(v.shape).astype(dtype) for k, v in ys.items()}
+    g = f.backward(tape, d_outputs=d_out)
+    return [ys[k] for k in sorted(ys)] + [st[k] for k in sorted(st)] + [g.x] + \
+        [g.params[k] for k in sorted(g.params)] + [g.states[k] for k in sorted(g.states)]
+
+
+def close(actual: np.ndarray, expected: np.ndarray, rtol: float) -> None:
+    scale = max(1.0, float(np.max(np.abs(expected), initial=0.0)))
+    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=rtol * scale)
+
+
+CASES = [  # cell, (input, hidden), T, B, dtype, variable lengths
+    ("lstm", (5, 16), 4, 7, np.float32, False),
+    ("lstm", (5, 16), 1, 1, np.float64, False),
+    ("lstm", (3, 8), 3, 13, np.float64, True),
+    ("gru", (4, 32), 5, 6, np.float32, True),
+    ("ln_lstm", (6, 16), 4, 5, np.float32, False),
+    ("mgu", (3, 5), 3, 4, np.float64, False),  # odd H: products on thread 0
+    ("lstm", (5, 16), 6, 2, np.float32, True),
+    ("lstm", (4, 272), 2, 7, np.float64, False),  # K = 272: two K chunks of the panel kernel
+]
+
+
+@pytest.mark.parametrize("name, size, T, B, dtype, lengths", CASES)
+def test_team_sizes_match_oracle_and_each_other(name, size, T, B, dtype, lengths) -> None:
+    expected = run(function(name, size, None), name, size, T, B, dtype, lengths)
+    first = None
+    for threads in (1, 2, 3, 8):  # 8: more threads than column panels and batch rows
+        got = run(function(name, size, threads), name, size, T, B, dtype, lengths)
+        for a, e in zip(got, expected, strict=True):
+            close(a, e, (GRAD_TOL if a is not got[0] else TOL)[dtype])
+        if threads == 2:
+            first = got
+        elif first is not None:
+            for a, b in zip(got, first, strict=True):
+                np.testing.assert_array_equal(a, b)
+
+
+def test_team_is_used_and_heuristic_keeps_small_sizes_on_one_thread(monkeypatch) -> None:
+    cell = rnnc.cells.lstm(4, 16)
+    assert codegen.team_work(rnnc.compile(cell, backend="llvm", threads=2, team=True,
+                                          cache_dir=False).program("forward")) > 0
+    calls = []
+    original = pool.run_team
+
+    def counting(*args):
+        calls.append(args[2])
+        return original(*args)
+
+    monkeypatch.setattr(pool, "run_team", counting)
+    f = function("lstm", (5, 16), 2)
+    run(f, "lstm", (5, 16), 3, 4, np.float32, False)
+    assert calls and set(calls) == {2}
+    monkeypatch.setattr(runtime, "TEAM_MIN_WORK", 1 << 40)
+    calls.clear()
+    run(f, "lstm", (5, 16), 3, 4, np.float32, False)
+    assert calls == []
+
+
+def test_team_is_off_by_default(monkeypatch) -> None:
+    monkeypatch.delenv("RNNC_TEAM", raising=False)
+    assert not runtime.LlvmBackend(threads=2, cache_dir=False).team
+    monkeypatch.setenv("RNNC_TEAM", "1")
+    assert runtime.LlvmBackend(threads=2, cache_dir=False).team
+    with pytest.raises(rnnc.RnncError):
+        runtime.LlvmBackend(team="yes")
+
+
+def test_busy_team_falls_back_to_one_thread() -> None:
+    f = function("lstm", (5, 16), 2)
+    expected = run(function("lstm", (5, 16), None), "lstm", (5, 16), 3, 4, np.float32, False)
+    with pool._team_lock:  # another team call in progress
+        got = run(f, "lstm", (5, 16), 3, 4, np.float32, False)
+    for a, e in zip(got, expected, strict=True):
+        close(a, e, GRAD_TOL[np.float32])
