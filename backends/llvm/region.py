@@ -8,9 +8,8 @@ column ``j`` of its result is the piece whose column range holds ``j``, which re
 ``scale * j + offset`` of its operand, or is 0.0. Every piece is read and the right one
 selected, so each read is clamped into its operand and every load stays inside its buffer.
 
-``SCALAR[op](builder, *values) -> value`` is the per-element arithmetic of an elementwise op;
-its values are scalars of the program's dtype (or vectors of them, after vectorization), and
-the node's attributes follow as keywords (``power``'s ``exponent``).
+The per-element arithmetic of each elementwise op is the rule table
+``rnnc.backends.llvm.rules.SCALAR``.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from llvmlite import ir
 
 from rnnc import ops
-from rnnc.backends.llvm import mathlib
+from rnnc.backends.llvm import rules
 from rnnc.backends.llvm.context import I64, Buffer, Context, Shape
 from rnnc.backends.llvm.kernels import Kernel
 from rnnc.backends.schedule import GraphSchedule
@@ -32,63 +31,9 @@ from rnnc.ir import ARG, Node
 KERNEL_NODES = 128
 
 
-def _sqrt(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    return b.call(b.module.declare_intrinsic("llvm.sqrt", [x.type]), [x])
-
-
-def _relu(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    # An ordered compare keeps NaN, as np.maximum(NaN, 0) does.
-    zero = ir.Constant(x.type, 0.0)
-    return b.select(b.fcmp_ordered("<", x, zero), zero, x)
-
-
-def _where(b: ir.IRBuilder, c: ir.Value, x: ir.Value, y: ir.Value) -> ir.Value:
-    return b.select(b.fcmp_ordered(">", c, ir.Constant(c.type, 0.0)), x, y)
-
-
-def _comparison(symbol: str) -> Callable[..., ir.Value]:
-    # Ordered: a comparison with NaN is 0.0, as in NumPy.
-    return lambda b, x, y: b.uitofp(b.fcmp_ordered(symbol, x, y), x.type)
-
-
-def _select_first(symbol: str) -> Callable[..., ir.Value]:
-    """``x symbol y ? x : y``, NaN if either is: maximum (">=") and minimum ("<=")."""
-    def emit(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
-        first = b.select(b.fcmp_ordered(symbol, x, y), x, y)
-        return b.select(b.fcmp_unordered("uno", x, x), x, first)
-    return emit
-
-
-SCALAR: dict[ops.Op, Callable[..., ir.Value]] = {
-    ops.add: lambda b, x, y: b.fadd(x, y),
-    ops.sub: lambda b, x, y: b.fsub(x, y),
-    ops.mul: lambda b, x, y: b.fmul(x, y),
-    ops.div: lambda b, x, y: b.fdiv(x, y),
-    ops.neg: lambda b, x: b.fneg(x),
-    ops.exp: mathlib.emit_exp,
-    ops.log: mathlib.emit_log,
-    ops.tanh: mathlib.emit_tanh,
-    ops.sigmoid: mathlib.emit_sigmoid,
-    ops.relu: _relu,
-    ops.sqrt: _sqrt,
-    ops.rsqrt: lambda b, x: b.fdiv(ir.Constant(x.type, 1.0), _sqrt(b, x)),
-    ops.where: _where,
-    ops.less: _comparison("<"),
-    ops.less_equal: _comparison("<="),
-    ops.greater: _comparison(">"),
-    ops.greater_equal: _comparison(">="),
-    ops.maximum: _select_first(">="),
-    ops.minimum: _select_first("<="),
-    ops.abs_: lambda b, x: b.call(mathlib.intrinsic(b.module, "fabs", x.type, 1), [x]),
-    ops.softplus: mathlib.emit_softplus,
-    ops.power: mathlib.emit_power,  # with the node's attribute exponent
-    ops.stop_gradient: lambda b, x: x,
-}
-
-
 def per_element(op: ops.Op) -> bool:
     """Whether a region evaluates ``op`` element by element (reductions need a node's loop)."""
-    return op in SCALAR or op.kind is ops.OpKind.LAYOUT or op is ops.constant
+    return op in rules.SCALAR or op.kind is ops.OpKind.LAYOUT or op is ops.constant
 
 
 def broadcast_index(index: Sequence[ir.Value], out: Shape, src: Shape) -> tuple:
@@ -151,10 +96,10 @@ class Region:
         node = self.nodes[nid]
         if node.op is ops.constant:
             return [], lambda _: ir.Constant(self.k.ctx.scalar, float(node.attrs["value"]))
-        if node.op in SCALAR:
+        if node.op in rules.SCALAR:
             reads = [(src, broadcast_index(index, node.shape, self.nodes[src].shape))
                      for src in node.inputs]
-            return reads, lambda args: SCALAR[node.op](self.k.builder, *args, **node.attrs)
+            return reads, lambda args: rules.SCALAR[node.op](self.k.builder, *args, **node.attrs)
         if node.op.kind is ops.OpKind.LAYOUT:
             return self._layout_reads(node, index)
         raise NotImplementedError(f"{node.op.name} cannot be evaluated per element")

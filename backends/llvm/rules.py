@@ -1,4 +1,9 @@
-"""LLVM rules: one emitter per primitive.
+"""LLVM rules: one emitter per primitive, and the per-element arithmetic of elementwise ops.
+
+``SCALAR[op](builder, *values, **attrs) -> value`` is the arithmetic of an elementwise op on
+one element: its values are scalars of the program's dtype (or vectors of them, after
+vectorization), and the node's attributes follow as keywords (``power``'s ``exponent``).
+Adding an elementwise primitive adds one line here.
 
 ``RULES[op](ctx, node, out, *operands)`` lowers one node of ``ctx.nodes``: it writes the node's
 value into the buffer ``out`` (a loop, a GEMM or a store). Operands are the buffers of the
@@ -14,17 +19,71 @@ from collections.abc import Callable
 from llvmlite import ir
 
 from rnnc import ops
-from rnnc.backends.llvm import gemm
+from rnnc.backends.llvm import gemm, mathlib, region
 from rnnc.backends.llvm.context import Buffer, Context
 from rnnc.backends.llvm.kernels import Kernel, emit_reduce, emit_sum_rows
-from rnnc.backends.llvm.region import SCALAR, emit_region
 from rnnc.ir import Node
+
+
+def _sqrt(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    return b.call(b.module.declare_intrinsic("llvm.sqrt", [x.type]), [x])
+
+
+def _relu(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    # An ordered compare keeps NaN, as np.maximum(NaN, 0) does.
+    zero = ir.Constant(x.type, 0.0)
+    return b.select(b.fcmp_ordered("<", x, zero), zero, x)
+
+
+def _where(b: ir.IRBuilder, c: ir.Value, x: ir.Value, y: ir.Value) -> ir.Value:
+    return b.select(b.fcmp_ordered(">", c, ir.Constant(c.type, 0.0)), x, y)
+
+
+def _comparison(symbol: str) -> Callable[..., ir.Value]:
+    # Ordered: a comparison with NaN is 0.0, as in NumPy.
+    return lambda b, x, y: b.uitofp(b.fcmp_ordered(symbol, x, y), x.type)
+
+
+def _select_first(symbol: str) -> Callable[..., ir.Value]:
+    """``x symbol y ? x : y``, NaN if either is: maximum (">=") and minimum ("<=")."""
+    def emit(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+        first = b.select(b.fcmp_ordered(symbol, x, y), x, y)
+        return b.select(b.fcmp_unordered("uno", x, x), x, first)
+    return emit
+
+
+SCALAR: dict[ops.Op, Callable[..., ir.Value]] = {
+    ops.add: lambda b, x, y: b.fadd(x, y),
+    ops.sub: lambda b, x, y: b.fsub(x, y),
+    ops.mul: lambda b, x, y: b.fmul(x, y),
+    ops.div: lambda b, x, y: b.fdiv(x, y),
+    ops.neg: lambda b, x: b.fneg(x),
+    ops.exp: mathlib.emit_exp,
+    ops.log: mathlib.emit_log,
+    ops.tanh: mathlib.emit_tanh,
+    ops.sigmoid: mathlib.emit_sigmoid,
+    ops.relu: _relu,
+    ops.sqrt: _sqrt,
+    ops.rsqrt: lambda b, x: b.fdiv(ir.Constant(x.type, 1.0), _sqrt(b, x)),
+    ops.where: _where,
+    ops.less: _comparison("<"),
+    ops.less_equal: _comparison("<="),
+    ops.greater: _comparison(">"),
+    ops.greater_equal: _comparison(">="),
+    ops.maximum: _select_first(">="),
+    ops.minimum: _select_first("<="),
+    ops.abs_: lambda b, x: b.call(mathlib.intrinsic(b.module, "fabs", x.type, 1), [x]),
+    ops.softplus: mathlib.emit_softplus,
+    ops.power: mathlib.emit_power,  # with the node's attribute exponent
+    ops.stop_gradient: lambda b, x: x,
+}
+
 
 
 def _loop(ctx: Context, node: Node, out: Buffer, *operands: Buffer) -> None:
     """An elementwise or layout node: one loop nest over its result."""
     leaves = dict(zip(node.inputs, operands, strict=True))
-    emit_region(ctx, ctx.nodes, leaves, {node.id: out}, node.op.name)
+    region.emit_region(ctx, ctx.nodes, leaves, {node.id: out}, node.op.name)
 
 
 def _matmul(ctx: Context, node: Node, out: Buffer, a: Buffer, b: Buffer) -> None:
