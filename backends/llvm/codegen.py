@@ -215,11 +215,7 @@ class Lowering:
             RULES[node.op](ctx, node, out, *operands)
             return
         if node.op is ops.matmul and _by_panels(ctx, node, *operands):
-            a, w = operands
-            transposed = bool(node.attrs.get("transpose_b"))
-            self.team.columns(lambda first, stop: gemm.emit_panel_gemm(
-                ctx, ctx.B, a, w, out, transposed, (first, stop)),
-                gemm.panels(ctx, w, transposed))
+            self.team.product(*operands, out, bool(node.attrs.get("transpose_b")))
             return
         if node.op is ops.matmul:
             self.team.serial(lambda: RULES[node.op](ctx, node, out, *operands))
@@ -301,14 +297,16 @@ class Lowering:
             dests: dict[str, Buffer | None] = dict(nxt)
             dests.update({n: at_step(stacked[n]) for n in scan.stacked})
             dests.update({n: None for n in scan.summed})
-            self.splitting = self.team is not None
+            self.splitting = ctx.one_thread = self.team is not None
+            if self.team is not None:
+                self.team.step = i
             values = self.lower_graph(self.schedule.body, bound, dests)
             for n in scan.summed:
                 self.split([values[n]], [summed[n]],
                            lambda i, o: emit_accumulate(ctx, o[0], i[0]))
             if self.team is not None:
                 self.team.end_step()
-            self.splitting = False
+            self.splitting = ctx.one_thread = False
             for c in scan.carries:
                 b.store(nxt[c.name].ptr, slots[c.name][0])
                 b.store(cur[c.name].ptr, slots[c.name][1])

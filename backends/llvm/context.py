@@ -89,6 +89,8 @@ class Context:
     # While a thread team's node is emitted on a block of batch rows: the block's row count,
     # which ``B`` then stands for (:mod:`rnnc.backends.llvm.team`).
     rows: ir.Value | None = None
+    # While a thread team's step body is emitted: every BLAS call runs on one thread.
+    one_thread: bool = False
 
     @classmethod
     def start(cls, plan: Plan, convention: Convention, team: bool = False) -> Context:

@@ -23,6 +23,7 @@ rnnc's own kernels serve the recurrent step, ``out = a @ w`` with few rows, on o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -122,16 +123,44 @@ def emit_blas_gemm(ctx: Context, transa: bool, transb: bool, sizes: tuple, m: An
     runner resolves them for each (T, B) and fills the site's entry of the table: (GEMM
     address, ``set_num_threads`` address or 0, thread count).
     """
+    address, setter, threads = _site(ctx, transa, transb, sizes)
+    _set_threads(ctx, setter, _c(1) if ctx.one_thread else threads)
+    emit_gemm_call(ctx.builder, address, ctx.convention, NUMPY_DTYPES[ctx.dtype], transa,
+                   transb, m, n, k, 1.0, a, lda, b, ldb, 0.0, c, ldc, entry=ctx.entry)
+
+
+def _site(ctx: Context, transa: bool, transb: bool, sizes: tuple) -> tuple[ir.Value, ...]:
+    """A new GEMM call site: its (address, setter, thread count) loaded from the table."""
     builder = ctx.builder
     site = len(ctx.plan.gemms)
     ctx.plan.gemms.append((transa, transb, sizes))
     table = builder.bitcast(ctx.gemm_table, I64.as_pointer())
-    address, setter, threads = (
-        builder.load(builder.gep(table, [ir.Constant(I64, GEMM_ENTRY * site + i)]))
-        for i in range(GEMM_ENTRY))
-    _set_threads(ctx, setter, threads)
-    emit_gemm_call(builder, address, ctx.convention, NUMPY_DTYPES[ctx.dtype], transa, transb,
-                   m, n, k, 1.0, a, lda, b, ldb, 0.0, c, ldc, entry=ctx.entry)
+    return tuple(builder.load(builder.gep(table, [ir.Constant(I64, GEMM_ENTRY * site + i)]))
+                 for i in range(GEMM_ENTRY))
+
+
+def emit_blas_columns(ctx: Context, a: Buffer, w: Buffer, out: Buffer, transposed: bool,
+                      span: tuple[ir.Value, ir.Value],
+                      set_once: Callable[[Callable[[], None]], None]) -> None:
+    """``out[:, cols] = a @ w[:, cols]`` (``a @ w[cols, :].T`` when ``transposed``) for the
+    column panels ``span`` of the panel kernel, through the site's BLAS on the calling thread.
+
+    ``set_once(emit)`` places the code that sets the library to one thread (a team runs it on
+    one thread before any thread's first call, :mod:`rnnc.backends.llvm.team`).
+    """
+    b = ctx.builder
+    k_size, n = w.shape[::-1] if transposed else w.shape
+    address, setter, _ = _site(ctx, False, transposed, (a.shape[:-1], (n,), (k_size,)))
+    set_once(lambda: _set_threads(ctx, setter, _c(1)))
+    width = 2 * lanes(ctx)
+    first = b.mul(span[0], _c(width))
+    count = b.mul(b.sub(span[1], span[0]), _c(width))
+    weights = b.gep(w.ptr, [b.mul(first, _c(k_size)) if transposed else first], inbounds=True)
+    results = b.gep(out.ptr, [first], inbounds=True)
+    with b.if_then(b.icmp_signed(">", count, _c(0))):
+        emit_gemm_call(b, address, ctx.convention, NUMPY_DTYPES[ctx.dtype], False, transposed,
+                       ctx.B, count, k_size, 1.0, a.ptr, k_size, weights,
+                       k_size if transposed else n, 0.0, results, n, entry=ctx.entry)
 
 
 def _set_threads(ctx: Context, setter: ir.Value, threads: ir.Value) -> None:

@@ -81,7 +81,7 @@ class Runner:
         self.plan = compiled.plan
         self.dtype = np.dtype(NUMPY_DTYPES[dtype])
         self.libraries = {b.name: b for b in libraries}
-        self._tables: dict[tuple[int, int], np.ndarray] = {}
+        self._tables: dict[tuple[int, int, int], np.ndarray] = {}
         self._tables_lock = threading.Lock()
         self.function = _SIGNATURE(compiled.address)
         self.compile_seconds = compile_seconds
@@ -93,30 +93,31 @@ class Runner:
                                         dtype=np.int64)) for s in shapes] + [1])
         _runners.add(self)
 
-    def gemm_choice(self, T: int, B: int) -> list[str]:
-        """What each GEMM site uses at (T, B), as ``library@threads``: the fastest for its
-        shape among the installed libraries at one thread or all of them, measured once per
-        shape and remembered on disk."""
+    def gemm_choice(self, T: int, B: int, plan: Plan | None = None) -> list[str]:
+        """What each GEMM site of ``plan`` (default: the one-thread build's) uses at (T, B),
+        as ``library@threads``: the fastest for its shape among the installed libraries at
+        one thread or all of them, measured once per shape and remembered on disk."""
         names = autotune.candidate_names(self.libraries.values(), self.threads)
         choice, dims = [], {"T": T, "B": B}
-        for _, _, sizes in self.plan.gemms:
+        for _, _, sizes in (plan or self.plan).gemms:
             m, n, k = (int(np.prod(resolve(d, dims), dtype=np.int64)) for d in sizes)
             choice.append(autotune.choose_for_site(m, n, k, self.dtype, names,
                                                    cache_dir=self.tuning_dir))
         return choice
 
-    def _gemm_table(self, T: int, B: int) -> np.ndarray:
+    def _gemm_table(self, T: int, B: int, plan: Plan | None = None) -> np.ndarray:
+        key = (T, B, id(plan or self.plan))
         with self._tables_lock:
-            if (T, B) not in self._tables:
+            if key not in self._tables:
                 entries = []
-                for name in self.gemm_choice(T, B):
+                for name in self.gemm_choice(T, B, plan):
                     library, threads = autotune.split_candidate(name)
                     setter = library.threads_addr or 0
                     entries += [library.gemm_addr(self.dtype), setter, threads if setter else 0]
-                self._tables[(T, B)] = np.array(entries or [0], dtype=np.uint64)
+                self._tables[key] = np.array(entries or [0], dtype=np.uint64)
                 while len(self._tables) > 16:
                     self._tables.pop(next(iter(self._tables)))
-            return self._tables[(T, B)]
+            return self._tables[key]
 
     def team_size(self, B: int) -> int:
         """The threads that run a sequence of batch ``B``: 1 unless the team pays."""
@@ -184,13 +185,14 @@ class Runner:
             if name not in results:
                 results[name] = np.empty(resolve(shape, sizes), self.dtype)
             pointers.append(results[name].ctypes.data)
-        gemms = self._gemm_table(T, B)
         size = self.team_size(B)
         if size > 1:
             compiled, function = self._team_function()
             table = np.array(pointers + self._workspace(T, B, compiled.plan), dtype=np.uint64)
+            gemms = self._gemm_table(T, B, compiled.plan)
             if pool.run_team(function, (table.ctypes.data, T, B, gemms.ctypes.data), size):
                 return results
+        gemms = self._gemm_table(T, B)
         table = np.array(pointers + self._workspace(T, B), dtype=np.uint64)
         # ctypes releases the GIL for the whole sequence.
         self.function(table.ctypes.data, T, B, gemms.ctypes.data)

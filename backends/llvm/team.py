@@ -10,7 +10,8 @@ the time loop runs on every thread. Each node of the step body is one of:
 
 - ``columns``: a recurrent product ``a @ w`` whose output columns are split in whole panels of
   rnnc's panel kernel (:mod:`rnnc.backends.llvm.gemm`); each thread packs and multiplies its
-  own panels;
+  own panels, or, where one thread would call the BLAS (beyond ``gemm.MAX_WORK``), calls the
+  BLAS on its own columns with the library set to one thread (by thread 0 at the first step);
 - ``rows``: a node whose every buffer has the batch axis ``B`` first or not at all and whose
   results all have it (elementwise, layout, a reduction over features, a copy): each thread
   computes a contiguous block of batch rows;
@@ -28,6 +29,7 @@ from collections.abc import Callable, Sequence
 
 from llvmlite import ir
 
+from rnnc.backends.llvm import gemm
 from rnnc.backends.llvm.context import I32, I64, Buffer, Context
 
 STATE_WORDS = 8
@@ -102,6 +104,8 @@ class Team:
         size_word = ctx.entry.gep(self.state, [_c(SIZE)])
         self.size = ctx.entry.load(size_word)
         self.barrier_fn = barrier_function(ctx.module)
+        # The loop's step counter (0 at the first step) while the step body is emitted.
+        self.step: ir.Value = _c(0)
         # The kinds of nodes emitted since the last barrier.
         self.pending: set[str] = set()
 
@@ -154,6 +158,33 @@ class Team:
         first, stop = self.share(_c(units))
         emit(first, stop)
         self.pending.add("columns")
+
+    def product(self, a: Buffer, w: Buffer, out: Buffer, transposed: bool) -> None:
+        """``out = a @ w`` (``a @ w.T``) split by the panel kernel's column panels: on the
+        panel kernel up to :data:`gemm.MAX_WORK` multiply-adds, beyond it (where one thread
+        would call the BLAS) a one-thread BLAS call on each thread's columns."""
+        ctx = self.ctx
+        k_size, n = w.shape[::-1] if transposed else w.shape
+
+        def emit(first: ir.Value, stop: ir.Value) -> None:
+            b = ctx.builder
+            large = b.icmp_signed(">", b.mul(ctx.B, _c(n * k_size)), _c(gemm.MAX_WORK))
+            with b.if_else(large) as (by_blas, own):
+                with by_blas:
+                    gemm.emit_blas_columns(ctx, a, w, out, transposed, (first, stop),
+                                           self._at_first_step)
+                with own:
+                    gemm.emit_panel_gemm(ctx, ctx.B, a, w, out, transposed, (first, stop))
+
+        self.columns(emit, gemm.panels(ctx, w, transposed))
+
+    def _at_first_step(self, emit: Callable[[], None]) -> None:
+        """``emit`` on thread 0 at the loop's first step, the others waiting at a barrier."""
+        b = self.ctx.builder
+        with b.if_then(b.icmp_signed("==", self.step, _c(0))):
+            with b.if_then(self.is_main()):
+                emit()
+            b.call(self.barrier_fn, [self.state])
 
     def share(self, total: ir.Value) -> tuple[ir.Value, ir.Value]:
         """This thread's contiguous share ``[first, stop)`` of ``total`` items."""

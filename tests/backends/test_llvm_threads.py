@@ -63,10 +63,17 @@ CASES = [  # cell, (input, hidden), T, B, dtype, variable lengths
     ("lstm", (5, 16), 6, 2, np.float32, True),
     ("lstm", (4, 272), 2, 7, np.float64, False),  # K = 272: two K chunks of the panel kernel
 ]
+# B * N * K above gemm.MAX_WORK: a one-thread BLAS call on each thread's columns, whose
+# rounding may depend on how many columns the call gets: checked against the oracle only.
+BLAS_CASES = [
+    ("lstm", (4, 256), 3, 49, np.float32, True),
+    ("gru", (3, 256), 2, 70, np.float64, False),
+]
 
 
-@pytest.mark.parametrize("name, size, T, B, dtype, lengths", CASES)
+@pytest.mark.parametrize("name, size, T, B, dtype, lengths", CASES + BLAS_CASES)
 def test_team_sizes_match_oracle_and_each_other(name, size, T, B, dtype, lengths) -> None:
+    bitwise = (name, size, T, B, dtype, lengths) not in BLAS_CASES
     expected = run(function(name, size, None), name, size, T, B, dtype, lengths)
     first = None
     for threads in (1, 2, 3, 8):  # 8: more threads than column panels and batch rows
@@ -75,7 +82,7 @@ def test_team_sizes_match_oracle_and_each_other(name, size, T, B, dtype, lengths
             close(a, e, (GRAD_TOL if a is not got[0] else TOL)[dtype])
         if threads == 2:
             first = got
-        elif first is not None:
+        elif first is not None and bitwise:
             for a, b in zip(got, first, strict=True):
                 np.testing.assert_array_equal(a, b)
 
