@@ -7,6 +7,13 @@ from functools import partial
 
 import numpy as np
 
+from rnnc.cells_published import (  # noqa: F401 (re-exported)
+    indrnn,
+    layer_norm_gru,
+    ligru,
+    mlstm,
+    mogrifier_lstm,
+)
 from rnnc.dsl import Cell, relu, sigmoid, tanh
 from rnnc.errors import CellError
 
@@ -67,6 +74,26 @@ def lstm(input_size: int, hidden_size: int, proj_size: int = 0) -> Cell:
     c.update(h=h_new, c=c_new)
     c.output("y", h_new)
     return c
+
+
+def lstmp(input_size: int, hidden_size: int, proj_size: int | None = None) -> Cell:
+    """LSTM with a recurrent projection (LSTMP): ``lstm(input_size, hidden_size, proj_size)``.
+
+    Sak, Senior, Beaufays, "Long Short-Term Memory Based Recurrent Neural Network
+    Architectures for Large Vocabulary Speech Recognition" (2014); torch's ``proj_size``::
+
+        i, f, o = sigmoid(x W_i* + b_i* + h W_h* + b_h*),  g = tanh(x W_ig + b_ig + h W_hg + b_hg)
+        c' = f * c + i * g,  h' = (o * tanh(c')) W_hr
+
+    ``proj_size`` defaults to ``hidden_size // 2`` (``h`` and the output have that many
+    features); it must be in ``[1, hidden_size)``.
+    """
+    if proj_size is None:
+        proj_size = hidden_size // 2
+    if isinstance(proj_size, (int, np.integer)) and not isinstance(proj_size, bool) \
+            and proj_size == 0:
+        raise CellError("lstmp needs proj_size >= 1 (lstm(..., proj_size=0) has no projection)")
+    return lstm(input_size, hidden_size, proj_size)
 
 
 def gru(input_size: int, hidden_size: int, reset_after: bool = True) -> Cell:
@@ -149,6 +176,17 @@ STANDARD = {
     "lstm": lstm,
     "gru": gru,
     "gru_v3": gru_v3,
+}
+
+# Cells from papers, each with its equations in its docstring (kept out of NAMED, which the
+# per-cell compiler tests iterate over).
+PUBLISHED = {
+    "indrnn": indrnn,
+    "ligru": ligru,
+    "mlstm": mlstm,
+    "layer_norm_gru": layer_norm_gru,
+    "mogrifier_lstm": mogrifier_lstm,
+    "lstmp": lstmp,
 }
 
 # Every cell `rnnc dump NAME` knows by name.

@@ -68,12 +68,21 @@ def check_ddp_train(tmp_path: pathlib.Path) -> None:
     assert "parameters identical on all 2 ranks: True" in out, out
 
 
+def check_published_cells(tmp_path: pathlib.Path) -> None:
+    out = run("published_cells.py", "--steps", "30", "--hidden", "8", cwd=tmp_path)
+    for name in ("ligru", "mogrifier_lstm"):
+        m = re.search(rf"^{name}\s+loss: first ([\d.]+) last ([\d.]+)", out, re.M)
+        assert m, out
+        assert float(m[2]) < 0.7 * float(m[1]), out
+
+
 SMOKE = {
     "custom_cells.py": check_custom_cells,
     "ir_tour.py": check_ir_tour,
     "char_lm.py": check_char_lm,
     "torch_interop.py": check_torch_interop,
     "ddp_train.py": check_ddp_train,
+    "published_cells.py": check_published_cells,
 }
 
 

@@ -62,13 +62,14 @@ def _where(err: BaseException, path: str) -> str:
 
 def _load_factory(spec: str) -> tuple[Callable[..., Any], str, str | None]:
     """The factory named by ``spec``, its display name, and the file it came from."""
-    from rnnc.cells import NAMED
+    from rnnc.cells import NAMED, PUBLISHED
 
-    if spec in NAMED:
-        return NAMED[spec], f"rnnc.cells.{spec}", None
+    known = {**NAMED, **PUBLISHED}
+    if spec in known:
+        return known[spec], f"rnnc.cells.{spec}", None
     path, sep, factory = spec.rpartition(":")
     if not sep or not path.endswith(".py"):
-        raise RnncError(f"unknown cell {spec!r}: expected one of {', '.join(sorted(NAMED))} "
+        raise RnncError(f"unknown cell {spec!r}: expected one of {', '.join(sorted(known))} "
                         f"or path/to/file.py:factory")
     if not os.path.isfile(path):
         raise RnncError(f"cell file {path!r} does not exist")
