@@ -83,26 +83,18 @@ from dataclasses import dataclass, field, replace
 
 from rnnc import names, ops
 from rnnc.errors import RnncValueError
-from rnnc.ir import ARG, Carry, Graph, Program, Scan, Type
+from rnnc.ir import ARG, NO_GRAD, Carry, Graph, Program, Scan, Type
 from rnnc.names import Role, cotangent, final_state, gradient
 from rnnc.passes import register
+from rnnc.passes._saves import SAVES, SavePlan, check_save_plans, save_plans
+
+__all__ = ["SAVES", "SavePlan", "autodiff_backward", "autodiff_forward", "check_save_plans",
+           "save_plans"]
 
 ORIGIN = "autodiff"
 # Arg roles a derivative is taken for: a forward's inputs and parameters and, when the program
 # is itself a backward (a second derivative), its saved values and cotangents too.
 _DIFFERENTIABLE = (Role.INPUT, Role.PARAM, Role.SAVED, Role.COTANGENT)
-
-# program.meta[SAVES]: one save plan per autodiff run on the program, in order. A plan is the
-# saved values of one autodiff, ``((name, type as a [T,...] sequence), ...)``: the training
-# forward (autodiff-forward) stacks exactly these, and the backward (autodiff-backward on the
-# same program) reads exactly these, so both programs carry the same plan.
-SAVES = "saves"
-SavePlan = tuple[tuple[str, Type], ...]
-
-
-def save_plans(program: Program) -> tuple[SavePlan, ...]:
-    """The save plans of the autodiff passes that made ``program``, first one first."""
-    return tuple(program.meta.get(SAVES, ()))
 
 
 def _first_free_save(program: Program) -> int:
@@ -236,9 +228,9 @@ def _backward_body(program: Program) -> tuple[_Plan, dict[str, int]]:
     plan = _Plan(fwd, Graph(program.dtype), roles, first_save=_first_free_save(program))
     e = _Emitter(plan)
     args = fwd.args()
-    differentiable = {nid for name, nid in args.items()
-                      if program.args.get(name, ("carry",))[0] in _DIFFERENTIABLE
-                      or roles[name] == "carry"}
+    data = set(program.meta.get(NO_GRAD, ()))  # inputs declared grad=False
+    differentiable = {nid for name, nid in args.items() if name not in data and (
+        program.args.get(name, ("carry",))[0] in _DIFFERENTIABLE or roles[name] == "carry")}
     active = fwd.depends_on(differentiable)
 
     cts: dict[int, int] = {}
@@ -278,7 +270,38 @@ def _backward_body(program: Program) -> tuple[_Plan, dict[str, int]]:
     for name, nid in args.items():
         if nid in cts and roles[name] != "carry":
             outputs[gradient(name)] = cts[nid]
-    return plan, outputs
+    return plan, _prune(plan, outputs)
+
+
+def _prune(plan: _Plan, outputs: dict[str, int]) -> dict[str, int]:
+    """Drop what no output needs: a VJP rule differentiates every operand, also one nothing
+    differentiable reaches (a ``grad=False`` input, a comparison), and the forward values only
+    those derivatives read are not saved. The saved values left keep their order, numbered
+    from ``first_save`` without gaps. Returns ``outputs`` with the nodes renumbering made."""
+    bwd = plan.bwd
+    bwd.outputs = dict(outputs)
+    for nid in sorted(bwd.dead_code()):
+        bwd.remove(nid)
+    live = set(bwd.outputs.values())
+    kept = {}
+    for fid, name in plan.saved.items():
+        old = plan.args[name]
+        if not bwd.users(old) and old not in live:
+            bwd.remove(old)
+            plan.seqs.remove(name)
+            del plan.args[name], plan.values[fid]
+            continue
+        new_name = names.saved(plan.first_save + len(kept))
+        if new_name != name:  # every name below it is already free or renamed
+            new = bwd.arg(new_name, bwd.node(old).shape, "seq", ORIGIN)
+            bwd.replace_all_uses(old, new)
+            bwd.remove(old)
+            plan.seqs[plan.seqs.index(name)] = new_name
+            del plan.args[name]
+            plan.args[new_name] = plan.values[fid] = new
+        kept[fid] = new_name
+    plan.saved = kept
+    return dict(bwd.outputs)
 
 
 def _check(program: Program) -> None:
@@ -351,31 +374,3 @@ def autodiff_backward(program: Program) -> Program:
     dtype = program.dtype
     return replace(program, args=_backward_args(program, plan), pre=Graph(dtype), scan=bscan,
                    post=Graph(dtype), results=results, meta=_planned(program, plan))
-
-
-def check_save_plans(writer: Program, writer_mode: str, reader: Program, reader_mode: str,
-                     level: int) -> None:
-    """Raise RuntimeError unless ``writer`` stacks exactly the values ``reader`` reads: the
-    save plans of their first ``level`` autodiff passes agree, the writer returns each saved
-    value with its planned type, and (where ``level`` is the reader's last autodiff) the reader
-    takes each one as a saved arg of that type."""
-    ours, theirs = save_plans(writer)[:level], save_plans(reader)[:level]
-    fault = None
-    if len(ours) < level or ours != theirs:
-        fault = f"the save plans differ: {_plans_text(ours)} against {_plans_text(theirs)}"
-    else:
-        stacked = writer.env_types()
-        for name, ty in ours[-1]:
-            if name not in writer.results or stacked.get(name) != ty:
-                fault = f"{writer_mode!r} does not return {name} as {ty}"
-            elif level == len(save_plans(reader)) and reader.args.get(name) != (Role.SAVED, ty):
-                fault = f"{reader_mode!r} does not read {name} as a saved {ty}"
-            if fault:
-                break
-    if fault:
-        raise RuntimeError(f"rnnc internal error: {reader_mode!r} must read what {writer_mode!r} "
-                           f"saves, but {fault}. Please report this with the cell's code.")
-
-
-def _plans_text(plans: tuple) -> str:
-    return "; ".join(", ".join(f"{n}: {t}" for n, t in plan) for plan in plans) or "none"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -14,39 +13,12 @@ import numpy as np
 from rnnc import backends, passes, validate
 from rnnc.dsl import Cell
 from rnnc.errors import RnncTypeError, RnncValueError
+from rnnc.grads import NP, Grads, InputGrads, Tape, cotangent_env, cotangents, input_cotangents
 from rnnc.ir import Program, retype
 from rnnc.layout import Layout
 from rnnc.names import MASK, cotangent, final_state, gradient
 from rnnc.passes.autodiff import check_save_plans, save_plans
 from rnnc.printer import format_program
-
-NP = {"f32": np.float32, "f64": np.float64}
-
-
-@dataclass
-class Tape:
-    """What a training forward saved for backward. Usable any number of times.
-
-    Like PyTorch's saved tensors, a tape refers to the caller's input and parameter arrays
-    (the values rnnc saved itself are read-only): changing those in place between forward
-    and backward gives wrong gradients."""
-
-    owner: Function
-    dtype: str
-    T: int
-    B: int
-    env: dict[str, np.ndarray]
-    lengths: np.ndarray | None
-
-
-@dataclass
-class Grads:
-    """Gradients: ``x`` (an array, or a dict for multi-input cells), ``params``, ``states``."""
-
-    x: Any
-    params: dict[str, np.ndarray]
-    states: dict[str, np.ndarray]
-    flat: np.ndarray | None = None
 
 
 class Function:
@@ -75,6 +47,7 @@ class Function:
         self._runners: dict[tuple[str, str, bool], Any] = {}
         self._lock = threading.Lock()
         self.inputs = cell.sizes("input")
+        self.no_grad = tuple(n for n in self.inputs if n in cell.no_grad)  # grad=False inputs
         self.states = cell.sizes("state")
         self.params = cell.sizes("param")
         self.outputs = tuple(cell.outputs)
@@ -239,7 +212,7 @@ class Function:
         d_out, d_st = self._upstream(tape, d_outputs, d_states)
         if tape.T == 0:
             return self._zero_grads(tape, d_st)
-        env = {**tape.env, **_cotangent_env(d_out, d_st)}
+        env = {**tape.env, **cotangent_env(d_out, d_st)}
         res = self._runner("backward", tape.dtype, tape.lengths is not None)(
             env, {"T": tape.T, "B": tape.B})
         return self._grads(tape, (res,), res)
@@ -249,8 +222,8 @@ class Function:
         """The cotangents of the outputs and of the final states (omitted ones zero)."""
         out_shapes = {n: ("T", "B", self._output_sizes[n]) for n in self.outputs}
         args = (tape.dtype, tape.T, tape.B)
-        return (_cotangents("output gradient", out_shapes, d_outputs, *args),
-                _cotangents("state gradient", self.states, d_states, *args))
+        return (cotangents("output gradient", out_shapes, d_outputs, *args),
+                cotangents("state gradient", self.states, d_states, *args))
 
     def _grads(self, tape: Tape, results: tuple[Mapping[str, np.ndarray], ...],
                states: Mapping[str, np.ndarray]) -> Grads:
@@ -266,9 +239,12 @@ class Function:
         gx = {}
         for n, s in self.inputs.items():
             terms = [r[gradient(n)] for r in results if gradient(n) in r]
-            gx[n] = terms[0] if len(terms) == 1 else \
-                sum(terms, np.zeros((tape.T, tape.B, s[-1]), dt))
-        return Grads(gx if len(gx) > 1 else next(iter(gx.values())), self.layout.unpack(flat),
+            if n not in self.no_grad:
+                gx[n] = terms[0] if len(terms) == 1 else \
+                    sum(terms, np.zeros((tape.T, tape.B, s[-1]), dt))
+        x = InputGrads(gx, self.no_grad) if len(self.inputs) > 1 else \
+            next(iter(gx.values()), None)
+        return Grads(x, self.layout.unpack(flat),
                      {s: states[gradient(s)] for s in self.states}, flat)
 
     def _zero_grads(self, tape: Tape, d_st: dict[str, np.ndarray]) -> Grads:
@@ -282,8 +258,9 @@ class Function:
                         ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], Grads]:
         """The derivative of ``backward(tape, d_outputs, d_states)``.
 
-        ``g_x`` (by input name), ``g_params`` and ``g_states`` are cotangents of the
-        ``Grads`` that backward returns (omitted entries are zero). Returns the cotangents of
+        ``g_x`` (by input name; none for an input declared ``grad=False``), ``g_params`` and
+        ``g_states`` are cotangents of the ``Grads`` that backward returns (omitted entries
+        are zero). Returns the cotangents of
         backward's arguments: ``(of d_outputs, of d_states, Grads)``, where ``Grads`` holds
         those of the forward's ``x``, ``params`` and initial ``states``. The backward reads
         them directly and through the values the forward saved, so this runs the backward of
@@ -295,10 +272,8 @@ class Function:
             raise RnncValueError("double_backward() takes a tape from this function's forward()")
         dtype, T, B = tape.dtype, tape.T, tape.B
         d_out, d_st = self._upstream(tape, d_outputs, d_states)
-        u_x = _cotangents("input gradient cotangent",
-                          {n: ("T", "B", s[-1]) for n, s in self.inputs.items()}, g_x, dtype,
-                          T, B)
-        u_st = _cotangents("state gradient cotangent", self.states, g_states, dtype, T, B)
+        u_x = input_cotangents(self.inputs, self.no_grad, g_x, dtype, T, B)
+        u_st = cotangents("state gradient cotangent", self.states, g_states, dtype, T, B)
         u_flat = self.layout.pack({n: np.asarray(g_params[n]) if g_params and n in g_params
                                    else np.zeros(s, NP[dtype]) for n, s in self.params.items()},
                                   NP[dtype])
@@ -306,7 +281,7 @@ class Function:
             zero = self._zero_grads(tape, {s: np.zeros_like(v) for s, v in d_st.items()})
             return ({n: np.zeros_like(v) for n, v in d_out.items()}, u_st, zero)
         u_params = self.layout.block_views(u_flat)
-        direct = self._backward_of_backward(tape, _cotangent_env(d_out, d_st),
+        direct = self._backward_of_backward(tape, cotangent_env(d_out, d_st),
                                             {**u_x, **u_st, **u_params})
         through = self._backward_through_saves(tape, d_out, d_st, direct)
         dd_out = {n: direct.get(gradient(cotangent(n)), np.zeros_like(v))
@@ -338,30 +313,13 @@ class Function:
                                 ) -> dict[str, np.ndarray]:
         """The forward's backward given the cotangents ``direct`` found for its saved values:
         how they flow back to x, params and states."""
-        zeros = _cotangent_env({n: np.zeros_like(v) for n, v in d_out.items()},
+        zeros = cotangent_env({n: np.zeros_like(v) for n, v in d_out.items()},
                                {n: np.zeros_like(v) for n, v in d_st.items()})
         saved = self._saved("forward", tape.dtype, tape.lengths is not None)
         env = {**tape.env, **zeros}
         env.update({cotangent(n): direct.get(gradient(n), np.zeros_like(tape.env[n]))
                     for n in saved})
         return self._second_order("forward.backward", tape, env)
-
-
-def _cotangent_env(d_out: Mapping[str, np.ndarray], d_st: Mapping[str, np.ndarray]
-                   ) -> dict[str, np.ndarray]:
-    """The cotangent inputs of a backward program: ``d.<output>`` and ``d.<state>.final``."""
-    env = {cotangent(n): v for n, v in d_out.items()}
-    env.update({cotangent(final_state(n)): v for n, v in d_st.items()})
-    return env
-
-
-def _cotangents(kind: str, shapes: Mapping[str, tuple], given: Any, dtype: str, T: int, B: int
-                ) -> dict[str, np.ndarray]:
-    """Upstream gradients by name; omitted entries are zero."""
-    concrete = {n: tuple(T if d == "T" else B if d == "B" else d for d in s)
-                for n, s in shapes.items()}
-    out = validate.named_arrays(kind, concrete, given, dtype, B, False)
-    return {n: out[n] if n in out else np.zeros(s, NP[dtype]) for n, s in concrete.items()}
 
 
 def compile(cell: Cell, backend: str = "numpy", *, optimize: bool = True,  # noqa: A001

@@ -63,7 +63,8 @@ def _run(fn: Any, data: dict[str, Any], mode: str, lengths: np.ndarray | None
     out = {**{f"output {k}": v for k, v in ys.items()},
            **{f"final state {k}": v for k, v in st.items()}}
     g = fn.backward(tape, d_outputs=data["d_outputs"], d_states=data["d_states"])
-    gx = g.x if isinstance(g.x, dict) else {next(iter(fn.inputs)): g.x}
+    gx = g.x if isinstance(g.x, dict) else {} if g.x is None else \
+        {next(iter(fn.inputs)): g.x}  # None: the one input is declared grad=False
     out.update({f"gradient of input {k}": v for k, v in gx.items()})
     out.update({f"gradient of parameter {k}": v for k, v in g.params.items()})
     out.update({f"gradient of initial state {k}": v for k, v in g.states.items()})

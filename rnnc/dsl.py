@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import keyword
-import math
 import os
 import sys
 from collections.abc import Callable
@@ -13,11 +11,11 @@ from typing import Any
 import numpy as np
 
 from rnnc import ops
+from rnnc.dsl_checks import check_allocatable, check_name, check_size
 from rnnc.dsl_docs import DOCS
 from rnnc.errors import CellError, RnncTypeError, RnncValueError, ShapeError
-from rnnc.ir import Carry, Graph, Program, Scan, Type
+from rnnc.ir import NO_GRAD, Carry, Graph, Program, Scan, Type
 from rnnc.names import Role, final_state
-from rnnc.validate import physical_memory
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _INTERNAL = {os.path.join(_HERE, f) for f in ("dsl.py", "ops.py", "ir.py", "composites.py")}
@@ -184,26 +182,6 @@ def apply(op: ops.Op, *args: Any, **attrs: Any) -> Value:
     return Value(cell, nid)
 
 
-def _check_name(name: Any, what: str) -> str:
-    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
-        raise CellError(f"{what} name must be a Python identifier, got {name!r}")
-    return name
-
-
-# Sizes are below 2**31: BLAS and CUDA index with 32-bit integers (docs/inputs.md).
-MAX_SIZE = 2**31 - 1
-
-
-def _check_size(size: Any, what: str) -> int:
-    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
-        raise CellError(f"{what} size must be a positive int, got {size!r}")
-    if size > MAX_SIZE:
-        raise CellError(f"{what} size {size} is too large: sizes must be at most 2**31 - 1 = "
-                        f"{MAX_SIZE} (BLAS and CUDA index with 32-bit integers); one float32 "
-                        f"row of this size alone needs {4 * int(size):,} bytes")
-    return int(size)
-
-
 class Cell:
     """One time step of a recurrent cell, recorded by tracing."""
 
@@ -211,6 +189,7 @@ class Cell:
         self.name = name
         self.graph = Graph("f32")
         self.inputs: dict[str, int] = {}
+        self.no_grad: set[str] = set()  # inputs declared grad=False
         self.states: dict[str, int] = {}
         self.params: dict[str, int] = {}
         self.inits: dict[str, Init | None] = {}
@@ -219,23 +198,30 @@ class Cell:
 
     # -- declarations
     def _declare(self, name: str, what: str) -> str:
-        _check_name(name, what)
+        check_name(name, what)
         taken = {**self.inputs, **self.states, **self.params, **self.outputs}
         if name in taken:
             raise CellError(f"{what} name {name!r} is already used in cell {self.name!r}")
         return name
 
-    def input(self, name: str, size: int) -> Value:
-        """A per-step input ``(B, size)``; the sequence passed to the function is (T, B, size)."""
+    def input(self, name: str, size: int, grad: bool = True) -> Value:
+        """A per-step input ``(B, size)``; the sequence passed to the function is (T, B, size).
+
+        ``grad=False`` declares it data (a mask, conditioning features): autodiff takes no
+        derivative for it and backward returns no gradient of it."""
+        if not isinstance(grad, bool):
+            raise RnncTypeError(f"grad of input {name!r} must be True or False, got {grad!r}")
         self._declare(name, "input")
-        nid = self.graph.arg(name, ("B", _check_size(size, f"input {name!r}")), "seq")
+        if not grad:
+            self.no_grad.add(name)
+        nid = self.graph.arg(name, ("B", check_size(size, f"input {name!r}")), "seq")
         self.inputs[name] = nid
         return Value(self, nid)
 
     def state(self, name: str, size: int) -> Value:
         """A carried state ``(B, size)``: its value at step t-1."""
         self._declare(name, "state")
-        nid = self.graph.arg(name, ("B", _check_size(size, f"state {name!r}")), "carry")
+        nid = self.graph.arg(name, ("B", check_size(size, f"state {name!r}")), "carry")
         self.states[name] = nid
         return Value(self, nid)
 
@@ -246,7 +232,7 @@ class Cell:
         shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
         if len(shape) not in (1, 2):
             raise CellError(f"parameter {name!r} must be 1-D or 2-D, got shape {shape}")
-        shape = tuple(_check_size(d, f"parameter {name!r}") for d in shape)
+        shape = tuple(check_size(d, f"parameter {name!r}") for d in shape)
         if init is not None and not callable(init) and not isinstance(init, (int, float)):
             raise CellError(f"init of parameter {name!r} must be a callable or a number")
         nid = self.graph.arg(name, shape, "const")
@@ -305,7 +291,7 @@ class Cell:
         bound = 1.0 / np.sqrt(self.hidden_size)
         out = {}
         for name, shape in self.sizes("param").items():
-            _check_allocatable(name, shape, dtype)
+            check_allocatable(name, shape, dtype)
             init = self.inits[name]
             if init is None:
                 arr = rng.uniform(-bound, bound, size=shape)
@@ -340,18 +326,10 @@ class Cell:
                     carries=tuple(Carry(s, s, final_state(s)) for s in self.states),
                     stacked=tuple(self.outputs), reverse=reverse)
         results = tuple(self.outputs) + tuple(final_state(s) for s in self.states)
-        return Program(args, Graph("f32"), scan, Graph("f32"), results, "f32",
-                       {"cell": self.name})
-
-
-def _check_allocatable(name: str, shape: tuple[int, ...], dtype: Any) -> None:
-    """Raise CellError, naming the shape and the bytes, for a parameter too big to allocate."""
-    need = math.prod(shape) * max(np.dtype(dtype).itemsize, 8)  # drawn as float64 first
-    memory = physical_memory()
-    if memory is not None and need > memory:
-        raise CellError(f"parameter {name!r} of shape {shape} needs {need:,} bytes to "
-                        f"initialize, more than this machine's {memory:,} bytes of memory: "
-                        f"declare a smaller size")
+        meta: dict = {"cell": self.name}
+        if self.no_grad:
+            meta[NO_GRAD] = tuple(n for n in self.inputs if n in self.no_grad)
+        return Program(args, Graph("f32"), scan, Graph("f32"), results, "f32", meta)
 
 
 # ---------------------------------------------------------------- functions on values

@@ -239,6 +239,9 @@ class Scan:
     reverse: bool = False
 
 
+# program.meta[NO_GRAD]: the inputs declared ``grad=False``, which autodiff does not
+# differentiate (absent when every input is differentiable).
+NO_GRAD = "no_grad"
 STAGES = ("args", "pre", "scan", "post")  # the order in which a program fills its environment
 
 

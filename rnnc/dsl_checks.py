@@ -1,0 +1,43 @@
+"""The checks of a cell's declarations: names, sizes, and the memory a parameter's
+initialization needs."""
+
+from __future__ import annotations
+
+import keyword
+import math
+from typing import Any
+
+import numpy as np
+
+from rnnc.errors import CellError
+from rnnc.validate import physical_memory
+
+
+def check_name(name: Any, what: str) -> str:
+    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+        raise CellError(f"{what} name must be a Python identifier, got {name!r}")
+    return name
+
+
+# Sizes are below 2**31: BLAS and CUDA index with 32-bit integers (docs/inputs.md).
+MAX_SIZE = 2**31 - 1
+
+
+def check_size(size: Any, what: str) -> int:
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+        raise CellError(f"{what} size must be a positive int, got {size!r}")
+    if size > MAX_SIZE:
+        raise CellError(f"{what} size {size} is too large: sizes must be at most 2**31 - 1 = "
+                        f"{MAX_SIZE} (BLAS and CUDA index with 32-bit integers); one float32 "
+                        f"row of this size alone needs {4 * int(size):,} bytes")
+    return int(size)
+
+
+def check_allocatable(name: str, shape: tuple[int, ...], dtype: Any) -> None:
+    """Raise CellError, naming the shape and the bytes, for a parameter too big to allocate."""
+    need = math.prod(shape) * max(np.dtype(dtype).itemsize, 8)  # drawn as float64 first
+    memory = physical_memory()
+    if memory is not None and need > memory:
+        raise CellError(f"parameter {name!r} of shape {shape} needs {need:,} bytes to "
+                        f"initialize, more than this machine's {memory:,} bytes of memory: "
+                        f"declare a smaller size")
