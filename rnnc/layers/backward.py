@@ -28,7 +28,8 @@ States = dict[str, np.ndarray]
 @dataclass
 class LayerGrads:
     """Gradients: ``x`` shaped like the input, ``params[layer][direction]``, ``states`` and
-    ``extra`` (each extra input's, shaped like it, summed over the layers that read it)."""
+    ``extra`` (each extra input's, shaped like it, summed over the layers that read it; zero
+    for an input the cell declares ``grad=False``)."""
 
     x: np.ndarray
     params: Grid
@@ -65,12 +66,17 @@ class _Paths:
         """Add a cell's input gradient ``gx`` (a dict when it has extra inputs) to ``into``
         and, when layer ``k`` reads the caller's extra inputs, theirs to ``extra``."""
         if not isinstance(gx, Mapping):
-            into += gx
+            if gx is not None:  # None: the cell's one input is declared grad=False
+                into += gx
             return
-        into += gx[self.layer.input_name]
+        # An input declared grad=False (c.input(..., grad=False)) has no gradient: it adds
+        # nothing, so its LayerGrads entry stays zero.
+        if self.layer.input_name in gx:
+            into += gx[self.layer.input_name]
         if extra is not None and reads_extra(self.layer, k):
             for n in extra:
-                extra[n] += gx[n]
+                if n in gx:
+                    extra[n] += gx[n]
 
     def layer_backward(self, k: int, g_out: np.ndarray, d_states: Mapping[str, np.ndarray],
                        into: np.ndarray | None = None, extra: States | None = None
@@ -210,7 +216,9 @@ def _up(paths: _Paths, d_out: list[np.ndarray], d_states: Mapping[str, np.ndarra
             dd_out, dd_st, g = fn.double_backward(
                 tape.tapes[k][d], {out: paths.output_cotangent(paths.dropout(k, d_out[k]), d)},
                 {n: d_states[n][row] for n in names},
-                {layer.input_name: u, **(u_extra if reads_extra(layer, k) else {})},
+                {n: v for n, v in {layer.input_name: u,
+                                   **(u_extra if reads_extra(layer, k) else {})}.items()
+                 if n not in fn.no_grad},
                 g_params[k][d], {n: g_states[n][row] for n in names})
             c_d_out[:, :, d * H:(d + 1) * H] = zero_past_lengths(dd_out[out], paths.valid)
             paths.add_x(k, g.x, c_inputs[k], c.extra)
