@@ -37,18 +37,7 @@ INLINE_CALL_SITES = 64
 
 def env_shapes(program: Program) -> dict[str, tuple]:
     """The shape of every name the program's environment ever holds (last writer wins)."""
-    shapes = {name: ty.shape for name, (_, ty) in program.args.items()}
-    shapes.update({n: program.pre.node(o).shape for n, o in program.pre.outputs.items()})
-    body = program.scan.body
-    for name in program.scan.stacked:
-        shapes[name] = ("T",) + body.node(body.outputs[name]).shape
-    for name in program.scan.summed:
-        shapes[name] = body.node(body.outputs[name]).shape
-    for c in program.scan.carries:
-        if c.final is not None:
-            shapes[c.final] = shapes[c.init]
-    shapes.update({n: program.post.node(o).shape for n, o in program.post.outputs.items()})
-    return shapes
+    return {name: ty.shape for name, ty in program.env_types().items()}
 
 
 def _last_stage(program: Program) -> dict[str, int]:
