@@ -19,6 +19,7 @@ import pytest
 
 import rnnc
 from rnnc.passes.autodiff import save_plans
+from tests.numeric import central_difference
 
 T, B, I, Z, H = 4, 3, 3, 2, 4
 BACKENDS = [pytest.param("numpy", {}, id="numpy"), pytest.param("llvm", {}, id="llvm"),
@@ -80,16 +81,7 @@ def differences(xs, p, h0, dy, dh, lengths=None) -> dict[str, np.ndarray]:
     arrays = {**{f"x.{n}": v for n, v in xs.items()}, **{f"p.{n}": v for n, v in p.items()},
               "h": h0}
     for name, arr in arrays.items():
-        g = np.zeros_like(arr)
-        for i in np.ndindex(arr.shape):
-            keep = arr[i]
-            arr[i] = keep + EPS
-            up = loss()
-            arr[i] = keep - EPS
-            down = loss()
-            arr[i] = keep
-            g[i] = (up - down) / (2 * EPS)
-        out[name] = g
+        out[name] = central_difference(loss, arr, EPS)
     return out
 
 

@@ -9,6 +9,7 @@ import pytest
 import rnnc
 from rnnc.dsl import Cell, tanh
 from rnnc.errors import RnncError
+from tests.numeric import central_difference
 
 I, H, T, B = 2, 3, 4, 3
 E, K, M = 2, 4, 5  # extra input width, output width, second state's size
@@ -179,18 +180,6 @@ def test_proj_size_is_the_general_output_width():
 # --------------------------------------------------------------------------- gradients
 
 
-def _central(f, a, eps=1e-6):
-    """d f / d a by central differences, perturbing ``a`` in place."""
-    g = np.zeros_like(a)
-    for i in np.ndindex(a.shape):
-        old = a[i]
-        a[i] = old + eps
-        hi = f()
-        a[i] = old - eps
-        lo = f()
-        a[i] = old
-        g[i] = (hi - lo) / (2 * eps)
-    return g
 
 
 def check_gradients(layer, step, x, extra, states):
@@ -206,16 +195,16 @@ def check_gradients(layer, step, x, extra, states):
     _, _, tape = layer.forward(x, LENGTHS, states, extra=extra)
     g = layer.backward(tape, w_y, w_st)
     tol = {"rtol": 1e-6, "atol": 1e-7}
-    np.testing.assert_allclose(g.x, _central(loss, x), **tol)
+    np.testing.assert_allclose(g.x, central_difference(loss, x), **tol)
     assert sorted(g.extra) == sorted(extra)
     for n, v in extra.items():
-        np.testing.assert_allclose(g.extra[n], _central(loss, v), **tol)
+        np.testing.assert_allclose(g.extra[n], central_difference(loss, v), **tol)
     for n, v in states.items():
-        np.testing.assert_allclose(g.states[n], _central(loss, v), **tol)
+        np.testing.assert_allclose(g.states[n], central_difference(loss, v), **tol)
     for k, row in enumerate(params):
         for d, p in enumerate(row):
             for n, a in p.items():
-                np.testing.assert_allclose(g.params[k][d][n], _central(loss, a), **tol,
+                np.testing.assert_allclose(g.params[k][d][n], central_difference(loss, a), **tol,
                                            err_msg=f"{n} layer {k} direction {d}")
     return g
 

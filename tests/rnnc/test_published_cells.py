@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import rnnc
+from tests.numeric import central_difference
 
 T, B, I, H = 4, 3, 3, 4
 P = 2  # lstmp's projection
@@ -137,17 +138,6 @@ def test_forward_matches_numpy_loop_on_llvm(name, lengths):
     check_forward(name, "llvm", lengths)
 
 
-def numeric_grad(f, a, eps=1e-6):
-    """Central differences of scalar ``f()`` w.r.t. every element of ``a`` (changed in place)."""
-    g = np.zeros_like(a)
-    for i in np.ndindex(a.shape):
-        old = a[i]
-        a[i] = old + eps
-        up = f()
-        a[i] = old - eps
-        g[i] = (up - f()) / (2 * eps)
-        a[i] = old
-    return g
 
 
 @pytest.mark.parametrize("lengths", [None, LENGTHS], ids=["full", "lengths"])
@@ -167,8 +157,9 @@ def test_gradients_match_central_differences(name, lengths):
     g = fn.backward(tape, d_outputs={"y": wy}, d_states=ws)
     got = {**{f"param {k}": v for k, v in g.params.items()}, "x": g.x,
            **{f"state {k}": v for k, v in g.states.items()}}
-    want = {**{f"param {k}": numeric_grad(loss, p[k]) for k in p}, "x": numeric_grad(loss, x),
-            **{f"state {k}": numeric_grad(loss, s0[k]) for k in s0}}
+    want = {**{f"param {k}": central_difference(loss, p[k]) for k in p},
+            "x": central_difference(loss, x),
+            **{f"state {k}": central_difference(loss, s0[k]) for k in s0}}
     assert sorted(got) == sorted(want)
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-7, err_msg=k)
