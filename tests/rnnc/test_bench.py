@@ -46,3 +46,37 @@ def test_custom_cells_match_eager_peer() -> None:
     for cell in ("mgu", "peephole_lstm", "ln_lstm"):
         rows = bench.bench_one(config, cell, "inference", ["eager"], args, {})
         assert len(rows) == 1 and rows[0]["max_abs_diff"] < 1e-4, cell
+
+
+def test_scaling_thread_counts_and_speedups() -> None:
+    from rnnc.tools.bench.scaling import scaling_rows, thread_counts
+
+    assert thread_counts(1) == [1]
+    assert thread_counts(2) == [1, 2]
+    assert thread_counts(6) == [1, 2, 4, 6]
+    assert thread_counts(16) == [1, 2, 4, 8, 16]
+
+    def measure(threads: int) -> list[dict]:  # rnnc halves its time per doubling, torch not
+        return [{"config": "C1", "cell": "lstm", "mode": "inference", "peer": "torch",
+                 "rnnc_ms": 8.0 / threads, "peer_ms": 6.0, "ratio": (8.0 / threads) / 6.0}]
+
+    rows = scaling_rows([1, 2, 4], measure)
+    assert [r["threads"] for r in rows] == [1, 2, 4]
+    assert [r["rnnc_speedup"] for r in rows] == [1.0, 2.0, 4.0]
+    assert [r["peer_speedup"] for r in rows] == [1.0, 1.0, 1.0]
+
+
+def test_bench_scaling_tiny(tmp_path, capsys) -> None:
+    import json
+
+    data = tmp_path / "scaling.json"
+    code = bench.main(["--size", "tiny", "--backend", "numpy", "--configs", "C3",
+                       "--cells", "lstm,mgu", "--modes", "inference", "--threads", "2",
+                       "--scaling", "--reps", "1", "--warmup", "1", "--json", str(data)])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "rnnc speed-up" in out and "peer speed-up" in out
+    rows = json.loads(data.read_text())["scaling"]
+    assert [(r["cell"], r["threads"], r["peer"]) for r in rows] == [
+        ("lstm", 1, "torch"), ("mgu", 1, "eager"), ("lstm", 2, "torch"), ("mgu", 2, "eager")]
+    assert all(r["rnnc_ms"] > 0 and r["peer_ms"] > 0 for r in rows)

@@ -31,6 +31,7 @@ from rnnc.tools.bench.configs import (
 from rnnc.tools.bench.harness import bench_one, compile_times, rnnc_call, timed
 from rnnc.tools.bench.peers import jax_available
 from rnnc.tools.bench.report import COLUMNS, format_table, machine_info, to_markdown, write_png
+from rnnc.tools.bench.scaling import run_scaling
 
 
 def _names(value: str, allowed: tuple[str, ...], what: str) -> list[str]:
@@ -66,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--team", action="store_true",
                         help="run rnnc's time loop on a thread team of --threads threads "
                              "(llvm backend; docs/threads.md)")
+    parser.add_argument("--scaling", action="store_true",
+                        help="time rnnc and nn.LSTM/nn.GRU at 1, 2, 4, ... threads up to "
+                             "--threads (default: available cores) and print the speed-ups")
     parser.add_argument("--reps", type=int, default=5, help="timed repetitions (>= 5 to report)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls first (>= 1)")
     parser.add_argument("--no-compile-time", action="store_true",
@@ -90,6 +94,16 @@ def _set_threads(args: argparse.Namespace, peers: list[str], threads: int) -> di
     return options
 
 
+def _scaling(args: argparse.Namespace, configs: list[Config], threads: int) -> int:
+    rows = run_scaling(args, configs, threads, _set_threads, bench_one,
+                       lambda cell: CELLS[cell].torch_module is not None)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"scaling": rows, "machine": machine_info(threads, args.backend)}, f,
+                      indent=1)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark described by parsed ``args``; print the table; 0 on success."""
     if args.reps < 1 or args.warmup < 1:
@@ -110,10 +124,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     threads = args.threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                                else os.cpu_count() or 1)
-    options = _set_threads(args, peers, threads)
     configs = [CONFIGS[c] for c in args.configs]
     if args.size == "tiny":
         configs = [tiny(c) for c in configs]
+    if getattr(args, "scaling", False):
+        return _scaling(args, configs, threads)
+    options = _set_threads(args, peers, threads)
     rows = []
     for config in configs:
         for cell in args.cells:
