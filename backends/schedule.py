@@ -12,6 +12,9 @@ when it builds a runner and afterwards only indexes the result. The API::
     schedule.body.args                       # arg names in node order (a region's operands)
     schedule.body.outputs["h"]               # Output: slot, source (node, index), shape
 
+A ``fused`` step may appear in any of the three graphs (outside the loop its region maps whole
+``[T,B,n]`` sequences); its region is scheduled once, with the step.
+
 ``Output.source`` looks through ``get``: the node and result index that make the value, so a
 backend can write a result straight into the output's destination. :data:`NUMPY_DTYPES` maps a
 program's dtype to NumPy's, and :func:`resolve` turns a symbolic shape into sizes.

@@ -1,10 +1,15 @@
-"""Train two published cells, the Light GRU and the Mogrifier LSTM, on a tiny synthetic task.
+"""Train four published cells on a tiny synthetic task: the Light GRU, the Mogrifier LSTM, and
+two LSTMs that draw random masks, with zoneout and with variational dropout.
 
-``rnnc.cells.ligru`` and ``rnnc.cells.mogrifier_lstm`` (their equations are in their docstrings,
-with the rest of the published cells in rnnc/cells_published.py) each run as a one-layer
-``rnnc.RNN``. The task: read a random sequence of 2 features and output, at every step, the
-running mean of feature 0 minus feature 1 so far. A linear readout in NumPy maps the hidden
-state to that number; the loss is the mean squared error; ``layer.forward`` / ``layer.backward``
+``rnnc.cells.ligru``, ``mogrifier_lstm``, ``zoneout_lstm`` and ``variational_lstm`` (their
+equations are in their docstrings, with the rest of the published cells in
+rnnc/cells_published.py) each run as a one-layer ``rnnc.RNN``. The last two call
+``rnnc.bernoulli``: every training step passes its own ``seed=``, from which the layer draws
+the masks (backward draws the same ones again); the other cells ignore it.
+
+The task: read a random sequence of 2 features and output, at every step, the running mean of
+feature 0 minus feature 1 so far. A linear readout in NumPy maps the hidden state to that
+number; the loss is the mean squared error; ``layer.forward`` / ``layer.backward``
 give the recurrent gradients, the readout's are computed by hand, and Adam updates both.
 
     python examples/published_cells.py [--steps 60] [--hidden 16] [--backend numpy]
@@ -55,7 +60,7 @@ def train(name: str, args: argparse.Namespace) -> list[float]:
     losses = []
     for _ in range(args.steps):
         x, target = batch(rng, args.seq_len, args.batch)
-        y, _, tape = layer.forward(x)
+        y, _, tape = layer.forward(x, seed=args.seed * 1_000_000 + len(losses))
         err = y @ W + b - target
         losses.append(float((err ** 2).mean()))
         d_pred = 2 * err / err.size
@@ -77,14 +82,14 @@ def main() -> int:
     ap.add_argument("--backend", default="numpy")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    for name in ("ligru", "mogrifier_lstm"):
+    for name in ("ligru", "mogrifier_lstm", "zoneout_lstm", "variational_lstm"):
         losses = train(name, args)
         every = max(1, args.steps // 5)
         for step in range(0, args.steps, every):
-            print(f"{name:15s} step {step:4d}  loss {losses[step]:.4f}")
+            print(f"{name:16s} step {step:4d}  loss {losses[step]:.4f}")
         k = max(1, args.steps // 5)  # average a few steps: single batches are noisy
         first, last = np.mean(losses[:k]), np.mean(losses[-k:])
-        print(f"{name:15s} loss: first {first:.4f} last {last:.4f}")
+        print(f"{name:16s} loss: first {first:.4f} last {last:.4f}")
     return 0
 
 

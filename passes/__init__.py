@@ -21,7 +21,7 @@ Callback = Callable[[str, Program, float], None]
 PASSES: dict[str, Pass] = {}
 
 _MODULES = ("canonicalize", "fuse_gate_matmuls", "hoist_sequence", "fuse_elementwise",
-            "mask_lengths", "autodiff")
+            "mask_lengths", "autodiff", "parallel_scan")
 
 
 def register(name: str) -> Callable[[Pass], Pass]:
@@ -43,10 +43,11 @@ def _load() -> None:
 PREPARE: tuple[str, ...] = ("canonicalize", "fuse-gate-matmuls")
 
 PIPELINES: dict[str, tuple[str, ...]] = {
-    "inference": PREPARE + ("hoist-sequence", "fuse-elementwise"),
-    "forward": PREPARE + ("autodiff-forward", "hoist-sequence", "fuse-elementwise"),
+    "inference": PREPARE + ("hoist-sequence", "parallel-scan", "fuse-elementwise"),
+    "forward": PREPARE + ("autodiff-forward", "hoist-sequence", "parallel-scan",
+                          "fuse-elementwise"),
     "backward": PREPARE + ("autodiff-backward", "canonicalize", "hoist-sequence",
-                           "fuse-elementwise"),
+                           "parallel-scan", "fuse-elementwise"),
 }
 
 MODES = tuple(PIPELINES)
@@ -65,8 +66,9 @@ ORACLE: dict[str, tuple[str, ...]] = {
 # "backward.forward" is the backward that also stacks what its own backward,
 # "backward.backward", reads; "forward.backward" is the forward's backward taking cotangents of
 # the saved values too (d.save.N), reading what "forward.forward" stacks.
-_AFTER_AUTODIFF = {"forward": ("hoist-sequence", "fuse-elementwise"),
-                   "backward": ("canonicalize", "hoist-sequence", "fuse-elementwise")}
+_AFTER_AUTODIFF = {"forward": ("hoist-sequence", "parallel-scan", "fuse-elementwise"),
+                   "backward": ("canonicalize", "hoist-sequence", "parallel-scan",
+                                "fuse-elementwise")}
 SECOND_ORDER = ("forward.forward", "forward.backward", "backward.forward", "backward.backward")
 for _mode in SECOND_ORDER:
     _first, _second = _mode.split(".")

@@ -39,6 +39,16 @@ def remove_dead(g: Graph, keep_args: Iterable[str] = ()) -> None:
         g.remove(n)
 
 
+def downstream(g: Graph, sources: set[int]) -> set[int]:
+    """``sources`` and every node that reads one of them, directly or not: one walk in
+    topological order, however many sources."""
+    out = set(sources)
+    for nid in g.topo():
+        if nid not in out and any(i in out for i in g.node(nid).inputs):
+            out.add(nid)
+    return out
+
+
 def is_row_contraction(g: Graph, nid: int) -> bool:
     """A matmul[transpose_a] or sum_rows of per-step values: a sum over the batch rows."""
     node = g.node(nid)

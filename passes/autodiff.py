@@ -7,8 +7,9 @@ from ``d.h.final``), reading saved values, inputs and output cotangents (``d.y``
 returning ``grad.<input>`` (stacked), ``grad.<param>`` (summed over the steps) and
 ``grad.<state>`` (the last carries). VJPs are rnnc ops: the later passes optimize the result.
 Save plan: a value a VJP rule reads is taken from where it already lives (an input sequence, a
-parameter, the mask), recomputed when it depends on parameters only, and saved otherwise, so
-backward never recomputes a forward matmul.
+parameter, the mask), recomputed when it depends on parameters only or is a random mask
+(``bernoulli``, drawn again from the seed and counter args), and saved otherwise, so backward
+never recomputes a forward matmul.
 
 Example (``tests/passes/test_pass_examples.py`` checks the listings)::
 
@@ -121,15 +122,21 @@ class _Plan:
     # Forward nodes that depend on parameters (and constants) only: one sweep in topological
     # order, so an expression reused at every level costs its size, not 2**depth.
     param_only: set[int] = field(init=False)
+    # Random masks (bernoulli) and what no matmul computes from them, parameters and
+    # constants (``1 - m``, ``m / (1 - p)``): drawn again in backward, never saved.
+    drawn: set[int] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.param_only = set()
+        self.param_only, self.drawn = set(), set()
         for node in self.fwd.nodes():
             if node.op is ARG:
                 if self.roles[node.attrs["name"]] == "const":
                     self.param_only.add(node.id)
-            elif all(i in self.param_only for i in node.inputs):
+            elif all(i in self.param_only for i in node.inputs) and not node.op.random:
                 self.param_only.add(node.id)
+            elif node.op.random or node.op is not ops.matmul and all(
+                    i in self.param_only or i in self.drawn for i in node.inputs):
+                self.drawn.add(node.id)
 
     def arg(self, name: str, shape: tuple, kind: str) -> int:
         if name not in self.args:
@@ -148,7 +155,9 @@ class _Plan:
                 stack.pop()
                 continue
             node = self.fwd.node(top)
-            recompute = node.op is not ARG and (node.op is ops.constant
+            # A random mask is drawn again from its counter (the seed, the step, the row):
+            # regenerating it costs less than stacking it, and its args are inputs anyway.
+            recompute = node.op is not ARG and (node.op is ops.constant or top in self.drawn
                                                  or top in self.param_only)
             missing = [i for i in node.inputs if i not in self.values] if recompute else []
             if missing:

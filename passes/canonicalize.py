@@ -1,19 +1,25 @@
-"""canonicalize: CSE, DCE, constant folding, algebraic identities and bias reassociation.
+"""canonicalize: CSE, DCE, constant folding, algebraic identities and regrouped sums.
 
 Equal nodes merge, dead ones go, ops on scalar constants fold, and ``a*1``, ``a+0``, ``a-0``,
 ``a/1``, ``--a`` and ``1-(1-a)`` simplify; ``x**p`` for p in 1, 2, 0.5, -0.5 and -1 becomes
-``x``, ``x*x``, ``sqrt``, ``rsqrt`` or ``1/x``. Sums of several terms are rebuilt so that each
-matmul gets its own bias add, which is what lets gate fusion fold the biases per side and
-hoisting move ``x@W + b`` out of the loop. The rewrites repeat until none applies, so a second
-run changes nothing. ``stop_gradient`` is never removed, although it is the identity: this pass
-runs before autodiff, which must see it (and backends compute it as a copy).
+``x``, ``x*x``, ``sqrt``, ``rsqrt`` or ``1/x``. A sum of several terms (a chain of adds, each
+term counted as often as it occurs) is regrouped (``passes/_sums.py``): the terms that are the
+same on every step (they read only parameters, loop constants and constants) are added together
+first, as one subexpression, which hoist-sequence makes one loop constant computed once per
+call, so ``x@W + b_ih + h@U + b_hh`` adds one bias per step, not two, and ``x@W + b + b`` is
+``x@W + (b + b)``; that part pairs with the sum's first matmul (``(x@W + b) + h@U``), which
+lets gate fusion fold a lone bias vector per side into its packed matmul. Only plain sums are
+regrouped: GRU's ``r * (h@W_hn + b_hn)`` keeps its bias inside. The rewrites repeat until none
+applies, so a second run changes nothing. ``stop_gradient`` is never removed, although it is
+the identity: this pass runs before autodiff, which must see it (and backends compute it as a
+copy).
 
 Example (``tests/passes/test_pass_examples.py`` checks the listings)::
 
     c = rnnc.Cell("untidy")
     x, h = c.input("x", 2), c.state("h", 2)
-    W, b = c.param("W", (2, 2)), c.param("b", (2,))
-    new = rnnc.tanh(x @ W + h * 1.0 + b)
+    W, bx, bh = c.param("W", (2, 2)), c.param("bx", (2,)), c.param("bh", (2,))
+    new = rnnc.tanh(x @ W + bx + h * 1.0 + bh)
     c.update(h=new)
     c.output("y", -(-new))
 
@@ -22,33 +28,36 @@ As traced::
     program untidy inference: traced (f32) {
       inputs: x: f32[T,B,2]
       states: h: f32[B,2]
-      params: W: f32[2,2], b: f32[2]
-      scan forward seqs(x) consts(W, b) carries(h=h->h.final) stacked(y) {
+      params: W: f32[2,2], bx: f32[2], bh: f32[2]
+      scan forward seqs(x) consts(W, bx, bh) carries(h=h->h.final) stacked(y) {
         %0: f32[B,2] = matmul(x, W)
-        %1: f32[] = constant[value=1.0]()
-        %2: f32[B,2] = mul(h, %1)
-        %3: f32[B,2] = add(%0, %2)
-        %4: f32[B,2] = add(%3, b)
-        %5: f32[B,2] = tanh(%4)
-        %6: f32[B,2] = neg(%5)
+        %1: f32[B,2] = add(%0, bx)
+        %2: f32[] = constant[value=1.0]()
+        %3: f32[B,2] = mul(h, %2)
+        %4: f32[B,2] = add(%1, %3)
+        %5: f32[B,2] = add(%4, bh)
+        %6: f32[B,2] = tanh(%5)
         %7: f32[B,2] = neg(%6)
-        yield h=%5, y=%7
+        %8: f32[B,2] = neg(%7)
+        yield h=%6, y=%8
       }
       results: y, h.final
     }
 
-After: no ``* 1.0``, no negations, and ``b`` added to the matmul before ``h`` is::
+After: no ``* 1.0``, no negations, and the two biases added together (a loop constant once
+hoisted), then to the matmul, before ``h`` is::
 
     program untidy inference: after canonicalize (f32) {
       inputs: x: f32[T,B,2]
       states: h: f32[B,2]
-      params: W: f32[2,2], b: f32[2]
-      scan forward seqs(x) consts(W, b) carries(h=h->h.final) stacked(y) {
+      params: W: f32[2,2], bx: f32[2], bh: f32[2]
+      scan forward seqs(x) consts(W, bx, bh) carries(h=h->h.final) stacked(y) {
         %0: f32[B,2] = matmul(x, W)
-        %1: f32[B,2] = add(%0, b)  # canonicalize
-        %2: f32[B,2] = add(%1, h)  # canonicalize
-        %3: f32[B,2] = tanh(%2)
-        yield h=%3, y=%3
+        %1: f32[2] = add(bx, bh)  # canonicalize
+        %2: f32[B,2] = add(%0, %1)  # canonicalize
+        %3: f32[B,2] = add(%2, h)  # canonicalize
+        %4: f32[B,2] = tanh(%3)
+        yield h=%4, y=%4
       }
       results: y, h.final
     }
@@ -56,7 +65,7 @@ After: no ``* 1.0``, no negations, and ``b`` added to the matmul before ``h`` is
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -66,6 +75,9 @@ from rnnc.ir import ARG, FUSED, GET, Graph, Node, Program
 from rnnc.ops import Op
 from rnnc.passes import register
 from rnnc.passes._rewrite import constant_value, remove_dead
+from rnnc.passes._sums import absorbed, build, grouped, is_bias, leaves, tree
+
+_is_bias = is_bias  # tests/rnnc/test_check.py builds a faulty rule from it
 
 ORIGIN = "canonicalize"
 
@@ -77,7 +89,10 @@ class Rule:
 
     name: str
     op: Op | None  # None: any op
-    rewrite: Callable[[Graph, Node], int | None]
+    rewrite: Callable[..., int | None]
+    # True: ``rewrite(g, node, invariant)`` also gets the names of the graph's inputs that are
+    # the same on every step (parameters, loop constants).
+    takes_invariant: bool = False
 
 
 def _same_type(g: Graph, node: Node, other: int) -> int | None:
@@ -139,87 +154,20 @@ def _one_minus_one_minus(g: Graph, node: Node) -> int | None:
     return None
 
 
-def _is_bias(g: Graph, nid: int) -> bool:
-    node = g.node(nid)
-    return node.op is ARG and len(node.shape) == 1 and not isinstance(node.shape[0], str)
-
-
-def _is_projection(g: Graph, nid: int) -> bool:
-    node = g.node(nid)
-    return node.op is ops.matmul and not node.attrs.get("transpose_a")
-
-
-def _absorbed(g: Graph, nid: int) -> bool:
-    """An add whose only use is one operand of another add: part of that add's sum."""
-    if g.node(nid).op is not ops.add or nid in g.outputs.values():
-        return False
-    users = g.users(nid)
-    return (len(users) == 1 and g.node(users[0]).op is ops.add
-            and g.node(users[0]).inputs.count(nid) == 1)
-
-
-def _tree(g: Graph, root: int) -> tuple | int:
-    """The nested pairs of a sum rooted at ``root``, its absorbed adds opened (iteratively)."""
-    done: dict[int, tuple | int] = {}
-    stack = [root]
-    while stack:
-        nid = stack[-1]
-        a, b = g.node(nid).inputs
-        todo = [i for i in (a, b) if i not in done and _absorbed(g, i)]
-        if todo:
-            stack.extend(todo)
-            continue
-        stack.pop()
-        done[nid] = (done.get(a, a), done.get(b, b))
-    return done[root]
-
-
-def _leaves(tree: tuple | int) -> list[int]:
-    out, stack = [], [tree]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, tuple):
-            stack.extend(reversed(item))
-        else:
-            out.append(item)
-    return out
-
-
-def _reassociate(g: Graph, node: Node) -> int | None:
-    """A sum holding matmuls and biases becomes a sum of (matmul + bias) pairs, each matmul
-    occurrence taking the next unused bias occurrence; every other term keeps its place.
+def _reassociate(g: Graph, node: Node, invariant: Set[str]) -> int | None:
+    """A sum of several terms in its canonical grouping (``passes/_sums.py``): the terms that
+    are the same on every step added first, as one subexpression, paired with the first
+    matmul; every other term in its place.
 
     Terms are counted with multiplicity: ``x@W + b + b`` keeps both ``b``, ``x@W + x@W + b``
     gets one ``b``."""
-    if _absorbed(g, node.id):
+    if absorbed(g, node.id):
         return None
-    current = _tree(g, node.id)
-    terms = _leaves(current)
-    mms = [k for k, t in enumerate(terms) if _is_projection(g, t)]
-    biases = [k for k, t in enumerate(terms) if _is_bias(g, t)]
-    pairs = dict(zip(mms, biases, strict=False))
-    paired_biases = set(pairs.values())
-    items: list[tuple | int] = [(terms[k], terms[pairs[k]]) if k in pairs else terms[k]
-                                for k in range(len(terms)) if k not in paired_biases]
-    if not pairs:
+    current = tree(g, node.id)
+    target = grouped(g, leaves(current), invariant)
+    if target is None or target == current:
         return None
-    target = items[0]
-    for item in items[1:]:
-        target = (target, item)
-    if target == current:
-        return None
-    built: dict[tuple, int] = {}
-    stack = [target]
-    while stack:  # build the new tree bottom up, without recursion
-        tree = stack[-1]
-        pending = [t for t in tree if isinstance(t, tuple) and t not in built]
-        if pending:
-            stack.extend(pending)
-            continue
-        stack.pop()
-        a, b = (built[t] if isinstance(t, tuple) else t for t in tree)
-        built[tree] = g.add(ops.add, (a, b), origin=ORIGIN)
-    new = built[target]
+    new = build(g, target, ORIGIN)
     return new if g.node(new).type == node.type else None
 
 
@@ -234,7 +182,7 @@ RULES: tuple[Rule, ...] = (
     Rule("--a", ops.neg, _double_negation),
     Rule("cheap-power", ops.power, _cheap_power),
     Rule("1-(1-a)", ops.sub, _one_minus_one_minus),
-    Rule("pair-matmul-bias", ops.add, _reassociate),
+    Rule("group-invariant-terms", ops.add, _reassociate, takes_invariant=True),
 )
 
 
@@ -250,9 +198,10 @@ def _cse_key(node: Node) -> tuple | None:
 class _Rewriter:
     """The worklist driver: rewrite until no rule applies and no two nodes are equal."""
 
-    def __init__(self, g: Graph, keep_args: set[str]) -> None:
+    def __init__(self, g: Graph, keep_args: set[str], invariant: Set[str]) -> None:
         self.g = g
         self.keep = keep_args
+        self.invariant = invariant
         self.seen: dict[tuple, int] = {}
         self.work: list[int] = []
         self.queued: set[int] = set()
@@ -293,7 +242,8 @@ class _Rewriter:
         for rule in RULES:
             if rule.op is None or rule.op is node.op:
                 size, top = len(g), self.top
-                new = rule.rewrite(g, node)
+                new = rule.rewrite(g, node, self.invariant) if rule.takes_invariant \
+                    else rule.rewrite(g, node)
                 made = self._made(size, top)
                 if new is not None and new != node.id:
                     for nid in made:
@@ -344,12 +294,21 @@ class _Rewriter:
                 self.push(i)
 
 
-def canonicalize_graph(g: Graph, keep_args: set[str]) -> Graph:
-    """Apply the rules of ``RULES`` and CSE to a copy of ``g`` until none applies."""
+def canonicalize_graph(g: Graph, keep_args: set[str], invariant: Set[str] = frozenset()
+                       ) -> Graph:
+    """Apply the rules of ``RULES`` and CSE to a copy of ``g`` until none applies; ``invariant``
+    names the inputs that are the same on every step (their sums are grouped)."""
     g = g.copy()
-    _Rewriter(g, keep_args).run()
+    _Rewriter(g, keep_args, invariant).run()
     remove_dead(g, keep_args)
     return g
+
+
+def _fixed_shape_args(g: Graph) -> frozenset[str]:
+    """The inputs of a graph outside the loop with neither a step nor a batch axis: parameters
+    and loop constants."""
+    return frozenset(name for name, nid in g.args().items()
+                     if not any(isinstance(d, str) for d in g.node(nid).shape))
 
 
 def _prune_outputs(p: Program) -> Program:
@@ -381,8 +340,9 @@ def canonicalize(program: Program) -> Program:
     """CSE, DCE, constant folding, identities and bias reassociation in every graph."""
     keep = set(program.args)
     p = _prune_outputs(program)
-    body = canonicalize_graph(p.scan.body, keep)
-    p = replace(p, pre=canonicalize_graph(p.pre, keep), post=canonicalize_graph(p.post, keep),
+    body = canonicalize_graph(p.scan.body, keep, frozenset(p.scan.consts))
+    p = replace(p, pre=canonicalize_graph(p.pre, keep, _fixed_shape_args(p.pre)),
+                post=canonicalize_graph(p.post, keep, _fixed_shape_args(p.post)),
                 scan=replace(p.scan, body=body))
     p = _prune_outputs(p)
     # Pruning the scan may leave pre-loop values nobody reads.

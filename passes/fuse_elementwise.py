@@ -1,11 +1,21 @@
-"""fuse-elementwise: each convex region of elementwise and layout ops in the loop becomes one node.
+"""fuse-elementwise: each convex region of elementwise, layout and feature-reduction ops becomes
+one node, in the loop and in the graphs before and after it.
 
-Matmuls, reductions and other non-fusible ops are boundaries. A region holds the fusible nodes
-at the same level, the number of boundaries before them, taken as late as their users allow (a
-slice of a loop input joins the gate math that reads it); no path can leave a region and
-re-enter it, because passing a boundary raises the level. Constants are copied into every
-region that reads them. A region's operands print as ``in0, in1, ...`` and its results as
-``out0, ...``; the loop reads result ``k`` of the fused node ``%N`` as ``%N[k]``.
+Fusible are the elementwise ops, the layout ops and the reductions over the feature axis
+(``sum``, ``mean``, ``amax``, ``amin``: ``(..., n) -> (..., 1)``), whose results broadcast back
+into the elementwise ops of the same region (layer norm's mean, centring, variance, ``rsqrt``
+and scale are one region). Matmuls, ``sum_rows`` (a sum over the rows) and other non-fusible
+ops are boundaries. A region holds the fusible nodes at the same level, the number of
+boundaries before them, taken as late as their users allow (a slice of a loop input joins the
+gate math that reads it); no path can leave a region and re-enter it, because passing a
+boundary raises the level. Constants are copied into every region that reads them. A region's
+operands print as ``in0, in1, ...`` and its results as ``out0, ...``; a graph reads result
+``k`` of the fused node ``%N`` as ``%N[k]``.
+
+The loop body, the pre-loop graph and the post-loop graph are fused alike: outside the loop a
+region maps whole sequences (``[T,B,n]``), such as the weight-gradient products a backward
+program finishes after its loop. The backends compute a region as one loop nest or kernel
+(one pass per row where it reduces: ``rnnc.backends.llvm.fused``, ``rnnc.backends.cuda.rows``).
 
 Example (``tests/passes/test_pass_examples.py`` checks the listings)::
 
@@ -13,7 +23,8 @@ Example (``tests/passes/test_pass_examples.py`` checks the listings)::
     x, h = c.input("x", 2), c.state("h", 2)
     W, U, V = c.param("W", (2, 2)), c.param("U", (2, 2)), c.param("V", (2, 2))
     f = rnnc.sigmoid(x @ W + h @ U)
-    new = rnnc.tanh((f * h) @ V)
+    z = (f * h) @ V
+    new = rnnc.tanh(z - rnnc.mean(z))
     c.update(h=new)
     c.output("y", new)
 
@@ -33,13 +44,16 @@ Before (after hoist-sequence)::
         %2: f32[B,2] = sigmoid(%1)
         %3: f32[B,2] = mul(%2, h)
         %4: f32[B,2] = matmul(%3, V)
-        %5: f32[B,2] = tanh(%4)
-        yield h=%5, y=%5
+        %5: f32[B,1] = mean(%4)
+        %6: f32[B,2] = sub(%4, %5)
+        %7: f32[B,2] = tanh(%6)
+        yield h=%7, y=%7
       }
       results: y, h.final
     }
 
-After: two regions, one on each side of the matmul by ``V``::
+After: two regions, one on each side of the matmul by ``V``; the second holds the ``mean``
+whose result, one value per row, the ``sub`` broadcasts back over the row::
 
     program gated inference: after fuse-elementwise (f32) {
       inputs: x: f32[T,B,2]
@@ -60,8 +74,10 @@ After: two regions, one on each side of the matmul by ``V``::
         %2: f32[B,2] = %1[0]  # fuse-elementwise
         %3: f32[B,2] = matmul(%2, V)
         %4: (f32[B,2]) = fused(%3) {  # fuse-elementwise
-          %0: f32[B,2] = tanh(in0)  # fuse-elementwise
-          yield out0=%0
+          %0: f32[B,1] = mean(in0)  # fuse-elementwise
+          %1: f32[B,2] = sub(in0, %0)  # fuse-elementwise
+          %2: f32[B,2] = tanh(%1)  # fuse-elementwise
+          yield out0=%2
         }
         %5: f32[B,2] = %4[0]  # fuse-elementwise
         yield h=%5, y=%5
@@ -81,10 +97,14 @@ from rnnc.passes import register
 from rnnc.passes._rewrite import copy_node
 
 ORIGIN = "fuse-elementwise"
+# Reductions over the feature axis, (..., n) -> (..., 1): they join regions. ``sum_rows``, a
+# sum over the rows, stays a boundary.
+FEATURE_REDUCTIONS = frozenset({ops.sum_, ops.mean, ops.amax, ops.amin})
 
 
 def _fusible(node) -> bool:
-    return node.op in ops.ELEMENTWISE or node.op.kind is ops.OpKind.LAYOUT
+    return node.op in ops.ELEMENTWISE or node.op.kind is ops.OpKind.LAYOUT \
+        or node.op in FEATURE_REDUCTIONS
 
 
 def _regions(body: Graph) -> list[list[int]]:
@@ -146,15 +166,24 @@ def _fuse(body: Graph, members: list[int]) -> None:
         body.remove(n)
 
 
+def fuse_graph(graph: Graph) -> Graph:
+    """``graph`` with each of its regions one ``fused`` node (``graph`` itself if it has none)."""
+    regions = _regions(graph)
+    if not regions:
+        return graph
+    graph = graph.copy()
+    for members in regions:
+        _fuse(graph, members)
+    for n in sorted(graph.dead_code(keep_args=True)):
+        graph.remove(n)
+    return graph
+
+
 @register("fuse-elementwise")
 def fuse_elementwise(program: Program) -> Program:
-    """Fuse the loop body's elementwise work into as few regions as convexity allows."""
-    body = program.scan.body.copy()
-    regions = _regions(body)
-    if not regions:
+    """Fuse the elementwise work of the loop body and of the graphs before and after it into
+    as few regions as convexity allows."""
+    pre, body, post = (fuse_graph(g) for g in program.graphs())
+    if all(new is old for new, old in zip((pre, body, post), program.graphs(), strict=True)):
         return program
-    for members in regions:
-        _fuse(body, members)
-    for n in sorted(body.dead_code(keep_args=True)):
-        body.remove(n)
-    return replace(program, scan=replace(program.scan, body=body))
+    return replace(program, pre=pre, scan=replace(program.scan, body=body), post=post)

@@ -11,13 +11,27 @@ elementwise work instead of writing whole sequences and reading them back.
 outputs, moves into ``post`` over the stacked sequences (the loop stacks what it reads as
 ``sink.N``); a summed row contraction ``matmul[transpose_a](a_t, g_t)`` becomes one
 ``matmul[transpose_a](A, G)`` over all steps.
+(c) A pure function of the per-step inputs that holds a reduction over the features (``mean``,
+``sum``, ``amax``, ``amin``) moves into ``pre`` when the loop then reads no more sequence data
+per step: such a reduction is work every step repeats for nothing. Precisely: the nodes that
+need no carried value and that neither (a) nor (b) moves form connected groups; each group
+moves its longest prefix (in body order) that holds a reduction and after which the loop reads
+no more elements per step and batch row from sequences (inputs and hoisted values, each counted
+once by its width; a value only stacked costs nothing: it becomes the stacked sequence); groups
+that can move nothing alone are then tried together; trailing layout ops of a prefix that only
+the loop reads stay when that reads no more; and the rounds repeat on what is left until one
+moves nothing (``passes/_hoist_reductions.py``). So ``layer_norm(x @ W, g, b)`` moves whole:
+the loop reads it instead of ``x @ W``, of the same width, and does no reduction for it. In a
+training forward the values autodiff saves from such a group become sequences computed before
+the loop.
 
 Example (``tests/passes/test_pass_examples.py`` checks the listings)::
 
     c = rnnc.Cell("proj")
     x, h = c.input("x", 2), c.state("h", 2)
     W, U, V = c.param("W", (2, 2)), c.param("U", (2, 2)), c.param("V", (2, 2))
-    new = rnnc.tanh(x @ W + h @ U)
+    a = x @ W
+    new = rnnc.tanh(a - rnnc.mean(a) + h @ U)
     c.update(h=new)
     c.output("y", new @ V)
 
@@ -29,17 +43,20 @@ Before (after fuse-gate-matmuls)::
       params: W: f32[2,2], U: f32[2,2], V: f32[2,2]
       scan forward seqs(x) consts(W, U, V) carries(h=h->h.final) stacked(y) {
         %0: f32[B,2] = matmul(x, W)
-        %1: f32[B,2] = matmul(h, U)
-        %2: f32[B,2] = add(%0, %1)
-        %3: f32[B,2] = tanh(%2)
-        %4: f32[B,2] = matmul(%3, V)
-        yield h=%3, y=%4
+        %1: f32[B,1] = mean(%0)
+        %2: f32[B,2] = sub(%0, %1)
+        %3: f32[B,2] = matmul(h, U)
+        %4: f32[B,2] = add(%2, %3)
+        %5: f32[B,2] = tanh(%4)
+        %6: f32[B,2] = matmul(%5, V)
+        yield h=%5, y=%6
       }
       results: y, h.final
     }
 
-After: ``x @ W`` runs before the loop for all steps (a), ``y = new @ V`` after it over the
-stacked ``new`` (b); one matmul per step is left::
+After: ``x @ W`` runs before the loop for all steps (a), and so does its centring (c): the loop
+reads ``hoist.0``, as wide as ``x @ W``; ``y = new @ V`` runs after the loop over the stacked
+``new`` (b); one matmul per step is left::
 
     program proj inference: after hoist-sequence (f32) {
       inputs: x: f32[T,B,2]
@@ -47,7 +64,9 @@ stacked ``new`` (b); one matmul per step is left::
       params: W: f32[2,2], U: f32[2,2], V: f32[2,2]
       pre {
         %0: f32[T,B,2] = matmul(x, W)  # hoist-sequence
-        yield hoist.0=%0
+        %1: f32[T,B,1] = mean(%0)  # hoist-sequence
+        %2: f32[T,B,2] = sub(%0, %1)  # hoist-sequence
+        yield hoist.0=%2
       }
       scan forward seqs(hoist.0) consts(U, V) carries(h=h->h.final) stacked(sink.0) {
         %0: f32[B,2] = matmul(h, U)
@@ -71,7 +90,8 @@ from rnnc import ops
 from rnnc.ir import ARG, FUSED, GET, Graph, Program, Scan
 from rnnc.names import fresh, hoisted, sunk
 from rnnc.passes import register
-from rnnc.passes._rewrite import copy_node, env_names, is_row_contraction, per_step
+from rnnc.passes._hoist_reductions import reduction_groups
+from rnnc.passes._rewrite import copy_node, downstream, env_names, is_row_contraction, per_step
 
 ORIGIN = "hoist-sequence"
 
@@ -82,13 +102,15 @@ def _loop_invariant(body: Graph, s: Scan) -> list[int]:
     args = body.args()
     carried = {args[c.name] for c in s.carries if c.name in args}
     variant = body.depends_on(carried)
-    sources = {args[n] for n in s.seqs + s.consts if n in args}
+    # What reads an input or a loop constant (no ancestors walk per node: chains may be long).
+    reached = downstream(body, {args[n] for n in s.seqs + s.consts if n in args})
     movable: list[int] = []
     moving: set[int] = set()
     for node in body.nodes():
-        if node.id in variant or node.op in (ARG, FUSED, GET, ops.constant):
+        # A random op (bernoulli) draws from the step's counter: it stays in the loop.
+        if node.id in variant or node.op in (ARG, FUSED, GET, ops.constant) or node.op.random:
             continue
-        if is_row_contraction(body, node.id) or not (body.ancestors(node.id) & sources):
+        if is_row_contraction(body, node.id) or node.id not in reached:
             continue
         # Everything it reads must move too (a row contraction it reads stays in the loop).
         if all(i in moving or body.node(i).op in (ARG, ops.constant) for i in node.inputs):
@@ -126,40 +148,44 @@ def _worth_hoisting(body: Graph, movable: list[int]) -> list[int]:
 
 
 def _copy_into_pre(p: Program, body: Graph, pre: Graph, movable: list[int]) -> dict[int, int]:
-    """Copy the body nodes ``movable`` (and the inputs and constants they read) into ``pre``;
-    return body node -> pre node."""
+    """Copy the body nodes ``movable`` (in body order; each reads only inputs, constants and
+    nodes before it in the list) into ``pre``, with the inputs and constants they read, without
+    recursion (a hoisted chain may be long); return body node -> pre node."""
     env = p.env_types("pre")
     mapping: dict[int, int] = {}
 
-    def pre_value(nid: int) -> int:
+    def leaf(nid: int) -> int:
         if nid in mapping:
             return mapping[nid]
         node = body.node(nid)
-        if node.op is ARG:
-            name = node.attrs["name"]
-            have = pre.args().get(name)
-            if have is None and name in p.pre.outputs:
-                mapping[nid] = p.pre.outputs[name]
-                return mapping[nid]
-            role = p.args[name][0] if name in p.args else "const"
-            mapping[nid] = have if have is not None else pre.arg(name, env[name].shape, role,
-                                                                 ORIGIN)
-        elif node.op is ops.constant:
+        if node.op is ops.constant:
             mapping[nid] = pre.add(ops.constant, (), dict(node.attrs), origin=ORIGIN)
-        else:
-            mapping[nid] = copy_node(pre, body, nid, [pre_value(i) for i in node.inputs], ORIGIN)
+            return mapping[nid]
+        assert node.op is ARG, node  # movable is closed under the nodes it reads
+        name = node.attrs["name"]
+        have = pre.args().get(name)
+        if have is None and name in p.pre.outputs:
+            mapping[nid] = p.pre.outputs[name]
+            return mapping[nid]
+        role = p.args[name][0] if name in p.args else "const"
+        mapping[nid] = have if have is not None else pre.arg(name, env[name].shape, role, ORIGIN)
         return mapping[nid]
 
     for nid in movable:
-        pre_value(nid)
+        mapping[nid] = copy_node(pre, body, nid, [leaf(i) for i in body.node(nid).inputs],
+                                 ORIGIN)
     return mapping
 
 
 def _hoist(p: Program) -> Program:
-    """Part (a): loop-invariant body nodes move into ``pre``."""
+    """Parts (a) and (c): loop-invariant body nodes move into ``pre``."""
     s = p.scan
     body = s.body.copy()
-    movable = _worth_hoisting(body, _loop_invariant(body, s))
+    invariant = _loop_invariant(body, s)
+    base = _worth_hoisting(body, invariant)
+    leaving, _ = _sinkable(body, s)
+    moving = set(base) | set(reduction_groups(body, s, invariant, base, leaving))
+    movable = [n for n in invariant if n in moving]
     if not movable:
         return p
     pre = p.pre.copy()
@@ -203,7 +229,7 @@ def _sinkable(body: Graph, s) -> tuple[set[int], dict[int, str]]:
         needed |= body.ancestors(o)
     mode: dict[int, str] = {}
     for node in body.nodes():
-        if node.id in needed or node.op in (ARG, FUSED, GET):
+        if node.id in needed or node.op in (ARG, FUSED, GET) or node.op.random:
             continue
         if is_row_contraction(body, node.id):
             mode[node.id] = "rows"
@@ -249,6 +275,55 @@ def _sinkable(body: Graph, s) -> tuple[set[int], dict[int, str]]:
     return {n for n in sink if body.node(n).op is not ops.constant}, mode
 
 
+class _ToPost:
+    """Copies of body values in ``post``: what moves, computed there; what stays in the loop (or
+    a carry's value at the step), stacked by the loop and read in ``post``."""
+
+    def __init__(self, p: Program, body: Graph, sink: set[int], post: Graph,
+                 stacked: list[str]) -> None:
+        self.body, self.sink, self.post, self.stacked = body, sink, post, stacked
+        self.taken = env_names(p)
+        self.env = p.env_types("pre")
+        self.carries = {c.name for c in p.scan.carries}
+        self.stacked_name = {o: n for n, o in body.outputs.items() if n in stacked}
+        self.mapping: dict[int, int] = {}
+
+    def _arg(self, name: str, shape: tuple) -> int:
+        have = self.post.args().get(name)
+        return have if have is not None else self.post.arg(name, shape, "saved", ORIGIN)
+
+    def _leaf(self, nid: int) -> int:
+        node = self.body.node(nid)
+        if node.op is ops.constant:
+            return self.post.add(ops.constant, (), dict(node.attrs), origin=ORIGIN)
+        if node.op is ARG and node.attrs["name"] not in self.carries:
+            return self._arg(node.attrs["name"], self.env[node.attrs["name"]].shape)
+        if nid not in self.stacked_name:
+            self.stacked_name[nid] = fresh(self.taken, sunk)
+            self.stacked.append(self.stacked_name[nid])
+            self.body.outputs[self.stacked_name[nid]] = nid
+        return self._arg(self.stacked_name[nid], ("T",) + node.shape)
+
+    def value(self, root: int) -> int:
+        """The post node of body node ``root``: depth first without recursion (a chain may be
+        long), each node made after its operands, left to right."""
+        mapping, stack = self.mapping, [root]
+        while stack:
+            nid = stack[-1]
+            if nid in mapping:
+                stack.pop()
+                continue
+            inputs = self.body.node(nid).inputs
+            pending = [i for i in inputs if i not in mapping] if nid in self.sink else []
+            if pending:
+                stack.append(pending[0])
+                continue
+            stack.pop()
+            mapping[nid] = copy_node(self.post, self.body, nid, [mapping[i] for i in inputs],
+                                     ORIGIN) if nid in self.sink else self._leaf(nid)
+        return mapping[root]
+
+
 def _sink(p: Program) -> Program:
     """Part (b): computations that only feed stacked/summed outputs move into ``post``."""
     s = p.scan
@@ -257,42 +332,11 @@ def _sink(p: Program) -> Program:
     if not sink:
         return p
     post = p.post.copy()
-    taken = env_names(p)
-    env = p.env_types("pre")
-    carries = {c.name for c in s.carries}
-    stacked = list(s.stacked)
-    summed = list(s.summed)
-    stacked_name = {o: n for n, o in body.outputs.items() if n in stacked}
-    mapping: dict[int, int] = {}
-
-    def post_arg(name: str, shape: tuple) -> int:
-        have = post.args().get(name)
-        return have if have is not None else post.arg(name, shape, "saved", ORIGIN)
-
-    def post_value(nid: int) -> int:
-        if nid in mapping:
-            return mapping[nid]
-        node = body.node(nid)
-        if nid in sink:
-            mapping[nid] = copy_node(post, body, nid, [post_value(i) for i in node.inputs],
-                                     ORIGIN)
-        elif node.op is ops.constant:
-            mapping[nid] = post.add(ops.constant, (), dict(node.attrs), origin=ORIGIN)
-        elif node.op is ARG and node.attrs["name"] not in carries:
-            name = node.attrs["name"]
-            mapping[nid] = post_arg(name, env[name].shape)
-        else:
-            # A value kept in the loop (or a carry's value at the step) is stacked for post.
-            if nid not in stacked_name:
-                stacked_name[nid] = fresh(taken, sunk)
-                stacked.append(stacked_name[nid])
-                body.outputs[stacked_name[nid]] = nid
-            mapping[nid] = post_arg(stacked_name[nid], ("T",) + node.shape)
-        return mapping[nid]
-
+    stacked, summed = list(s.stacked), list(s.summed)
+    to_post = _ToPost(p, body, sink, post, stacked)
     for name, o in list(body.outputs.items()):
         if o in sink and (name in stacked or name in summed):
-            new = post_value(o)
+            new = to_post.value(o)
             old = post.args().get(name)
             if old is not None:
                 post.replace_all_uses(old, new)

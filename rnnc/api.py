@@ -10,8 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from rnnc import backends, passes, validate
+from rnnc import backends, passes, philox, validate
 from rnnc.dsl import Cell
+from rnnc.dsl_random import draws_masks
 from rnnc.errors import RnncTypeError, RnncValueError
 from rnnc.grads import NP, Grads, InputGrads, Tape, cotangent_env, cotangents, input_cotangents
 from rnnc.ir import Program, retype
@@ -27,10 +28,12 @@ class Function:
     ``reverse=True`` runs the cell over t = T-1, ..., 0 (see :func:`compile`)."""
 
     def __init__(self, cell: Cell, backend: str = "numpy", *, optimize: bool = True,
-                 check: bool | None = None, reverse: bool = False, **options: Any) -> None:
+                 check: bool | None = None, reverse: bool = False,
+                 parallel_scan: bool | None = None, **options: Any) -> None:
         if not isinstance(cell, Cell):
             raise RnncTypeError(f"compile() takes an rnnc.Cell, got {type(cell).__name__}")
-        for flag, value in (("optimize", optimize), ("reverse", reverse)):
+        for flag, value in (("optimize", optimize), ("reverse", reverse),
+                            ("parallel_scan", True if parallel_scan is None else parallel_scan)):
             if not isinstance(value, bool):
                 raise RnncTypeError(f"{flag} must be True or False, got {value!r}")
         if not optimize and backend != "numpy":
@@ -42,6 +45,9 @@ class Function:
         self.reverse = reverse
         validate.backend_options(backend, options)
         self.backend = backends.get(backend, **options)
+        # parallel-scan where the backend's linear_scan beats its loop, unless told otherwise
+        self.parallel_scan = (getattr(self.backend, "parallel_scan", True)
+                              if parallel_scan is None else parallel_scan)
         self._base = cell.program(reverse=reverse)
         self._programs: dict[tuple[str, str, bool], Program] = {}
         self._runners: dict[tuple[str, str, bool], Any] = {}
@@ -51,6 +57,7 @@ class Function:
         self.states = cell.sizes("state")
         self.params = cell.sizes("param")
         self.outputs = tuple(cell.outputs)
+        self.draws_masks = draws_masks(self._base.args)  # rnnc.bernoulli: calls need seed=
         self._identity = self._base.fingerprint()  # structure with exact constants, not text
         prepared = passes.run_cached(self._identity, self._base, self._pipeline("prepare", False))
         self.layout = Layout(
@@ -64,7 +71,8 @@ class Function:
             check_function(self)
 
     def _pipeline(self, mode: str, lengths: bool) -> tuple[str, ...]:
-        return passes.pipeline(mode, lengths, self.optimize)
+        names = passes.pipeline(mode, lengths, self.optimize)
+        return names if self.parallel_scan else tuple(n for n in names if n != "parallel-scan")
 
     # -- programs
     def program(self, mode: str = "inference", dtype: str = "f32", lengths: bool = False,
@@ -138,7 +146,16 @@ class Function:
         return self.layout.block_views(self.layout.pack(params, NP[dtype]))
 
     # -- running
-    def _prepare(self, x: Any, params: Any, states: Any, lengths: Any):
+    def _seed(self, seed: Any) -> int | None:
+        """The call's seed, checked; required when the cell draws masks, else ignored."""
+        if seed is None and self.draws_masks:
+            raise RnncValueError(f"cell {self.cell.name!r} draws random masks (rnnc.bernoulli): "
+                                 f"pass seed=<an integer in [0, 2**64)> to every call, e.g. "
+                                 f"fn(x, params, seed=0); the same seed gives the same masks")
+        return None if seed is None else philox.check_seed(seed)
+
+    def _prepare(self, x: Any, params: Any, states: Any, lengths: Any, seed: Any = None):
+        seed = self._seed(seed)
         xs, dtype, T, B = validate.sequences(self.inputs, x)
         validate.params_dtype(x, params, dtype)
         env: dict[str, np.ndarray] = dict(xs)
@@ -150,7 +167,9 @@ class Function:
             env[name] = given.get(name, np.zeros((B, shape[-1]), NP[dtype]))
         if lens is not None:
             env[MASK] = validate.mask(lens, T, dtype)
-        return env, dtype, T, B, lens
+        if self.draws_masks:
+            env.update(philox.random_env(seed, T, B, NP[dtype]))
+        return env, dtype, T, B, lens, seed
 
     @cached_property
     def _output_sizes(self) -> dict[str, int]:
@@ -168,6 +187,8 @@ class Function:
             out[f"final state {name!r}"] = ((B, shape[-1]), why)
             if name not in given:
                 out[f"initial state {name!r}"] = ((B, shape[-1]), why)
+        if self.draws_masks:
+            out["random counter"] = ((T, B, 4), f"T={T}, B={B}: a step and row index per row")
         return out
 
     def _split(self, res: Mapping[str, np.ndarray]):
@@ -179,27 +200,31 @@ class Function:
                           NP[dtype]) for n in self.outputs}
         return ys, {s: env[s].copy() for s in self.states}
 
-    def __call__(self, x: Any, params: Any, states: Any = None, lengths: Any = None):
-        """Inference over a whole sequence: ``(outputs, final_states)``."""
-        env, dtype, T, B, lens = self._prepare(x, params, states, lengths)
+    def __call__(self, x: Any, params: Any, states: Any = None, lengths: Any = None,
+                 seed: Any = None):
+        """Inference over a whole sequence: ``(outputs, final_states)``. ``seed`` (an int in
+        [0, 2**64)) keys the masks of a cell that draws them (``rnnc.bernoulli``)."""
+        env, dtype, T, B, lens, _ = self._prepare(x, params, states, lengths, seed)
         if T == 0:
             return self._empty(env, dtype, B)
         run = self._runner("inference", dtype, lens is not None)
         return self._split(run(env, {"T": T, "B": B}))
 
-    def forward(self, x: Any, params: Any, states: Any = None, lengths: Any = None):
-        """Training forward: ``(outputs, final_states, tape)``."""
-        env, dtype, T, B, lens = self._prepare(x, params, states, lengths)
+    def forward(self, x: Any, params: Any, states: Any = None, lengths: Any = None,
+                seed: Any = None):
+        """Training forward: ``(outputs, final_states, tape)``; the tape keeps ``seed``, so
+        backward regenerates the same masks."""
+        env, dtype, T, B, lens, seed = self._prepare(x, params, states, lengths, seed)
         if T == 0:
             ys, st = self._empty(env, dtype, B)
-            return ys, st, Tape(self, dtype, 0, B, env, lens)
+            return ys, st, Tape(self, dtype, 0, B, env, lens, seed)
         res = self._runner("forward", dtype, lens is not None)(env, {"T": T, "B": B})
         ys, st = self._split(res)
         saved = {n: res[n] for n in self._saved("forward", dtype, lens is not None)}
         for arr in saved.values():  # backward may run many times: nothing may change them
             arr.flags.writeable = False
         env.update(saved)
-        return ys, st, Tape(self, dtype, T, B, env, lens)
+        return ys, st, Tape(self, dtype, T, B, env, lens, seed)
 
     def backward(self, tape: Tape, d_outputs: Mapping[str, Any] | None = None,
                  d_states: Mapping[str, Any] | None = None) -> Grads:
@@ -323,7 +348,8 @@ class Function:
 
 
 def compile(cell: Cell, backend: str = "numpy", *, optimize: bool = True,  # noqa: A001
-            check: bool | None = None, reverse: bool = False, **options: Any) -> Function:
+            check: bool | None = None, reverse: bool = False, parallel_scan: bool | None = None,
+            **options: Any) -> Function:
     """Compile ``cell`` for ``backend`` ("numpy", "llvm" or "cuda").
 
     ``optimize=False`` (NumPy backend only) interprets the traced program with no optimization
@@ -334,8 +360,13 @@ def compile(cell: Cell, backend: str = "numpy", *, optimize: bool = True,  # noq
 
     ``reverse=True`` runs the cell over t = T-1, ..., 0 (a layer's reverse direction), with
     inputs and outputs in their natural time order. With ``lengths`` each sequence starts at
-    its own last step: steps t >= length keep the initial states and output zero."""
-    return Function(cell, backend, optimize=optimize, check=check, reverse=reverse, **options)
+    its own last step: steps t >= length keep the initial states and output zero.
+
+    ``parallel_scan`` runs the pass of that name (carries linear in themselves become a
+    ``linear_scan`` over time): on by default for "numpy" and "cuda"; off by default for "llvm",
+    whose scan is slower than its fused loop on one or two cores (docs/passes.md)."""
+    return Function(cell, backend, optimize=optimize, check=check, reverse=reverse,
+                    parallel_scan=parallel_scan, **options)
 
 
 def dump(cell: Cell, after: str = "all", mode: str = "inference", dtype: str = "f32") -> str:

@@ -13,7 +13,10 @@ from rnnc.cells_published import (  # noqa: F401 (re-exported)
     ligru,
     mlstm,
     mogrifier_lstm,
+    variational_lstm,
+    zoneout_lstm,
 )
+from rnnc.cells_scan import diag_linear, min_gru, min_lstm, qrnn, sru  # noqa: F401
 from rnnc.dsl import Cell, relu, sigmoid, tanh
 from rnnc.errors import CellError
 
@@ -187,6 +190,14 @@ PUBLISHED = {
     "layer_norm_gru": layer_norm_gru,
     "mogrifier_lstm": mogrifier_lstm,
     "lstmp": lstmp,
+    "zoneout_lstm": zoneout_lstm,
+    "variational_lstm": variational_lstm,
+    # Linear in their carries: parallel-scan runs them with no loop (rnnc/cells_scan.py).
+    "sru": sru,
+    "min_gru": min_gru,
+    "min_lstm": min_lstm,
+    "qrnn": qrnn,
+    "diag_linear": diag_linear,
 }
 
 # Every cell `rnnc dump NAME` knows by name.

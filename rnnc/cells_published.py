@@ -7,10 +7,12 @@ start at 1 and their shifts at 0.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from rnnc.composites import layer_norm
-from rnnc.dsl import Cell, relu, sigmoid, tanh
+from rnnc.dsl import Cell, Value, bernoulli, relu, sigmoid, tanh, where
 from rnnc.errors import CellError
 
 
@@ -160,6 +162,89 @@ def mogrifier_lstm(input_size: int, hidden_size: int, rounds: int = 5) -> Cell:
     i, f, o = sigmoid(pre["i"]), sigmoid(pre["f"]), sigmoid(pre["o"])
     c_new = f * cs + i * tanh(pre["g"])
     h_new = o * tanh(c_new)
+    c.update(h=h_new, c=c_new)
+    c.output("y", h_new)
+    return c
+
+
+def _probability(value: Any, name: str, below_one: bool = False) -> float:
+    """A probability argument of a cell: a number in [0, 1] (or [0, 1))."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating))
+    if not ok or not (0.0 <= value < 1.0 if below_one else 0.0 <= value <= 1.0):
+        expected = "[0, 1)" if below_one else "[0, 1]"
+        raise CellError(f"{name} must be a probability in {expected}, got {value!r}")
+    return float(value)
+
+
+def _lstm_step(c: Cell, x: Value, h: Value, cs: Value, input_size: int, hidden_size: int
+               ) -> tuple[Value, Value]:
+    """``(h~, c~)`` of an LSTM step with PyTorch's parameter names (as ``rnnc.cells.lstm``)."""
+    W = {g: c.param(f"W_i{g}", (input_size, hidden_size)) for g in "ifgo"}
+    U = {g: c.param(f"W_h{g}", (hidden_size, hidden_size)) for g in "ifgo"}
+    bi = {g: c.param(f"b_i{g}", (hidden_size,)) for g in "ifgo"}
+    bh = {g: c.param(f"b_h{g}", (hidden_size,)) for g in "ifgo"}
+    pre = {g: x @ W[g] + bi[g] + h @ U[g] + bh[g] for g in "ifgo"}
+    c_new = sigmoid(pre["f"]) * cs + sigmoid(pre["i"]) * tanh(pre["g"])
+    return sigmoid(pre["o"]) * tanh(c_new), c_new
+
+
+def zoneout_lstm(input_size: int, hidden_size: int, zoneout_c: float = 0.15,
+                 zoneout_h: float = 0.05, training: bool = True) -> Cell:
+    """LSTM with zoneout: each unit keeps its previous value with probability z.
+
+    Krueger, Maharaj, Kramar, Pezeshki, Ballas, Ke, Goyal, Bengio, Courville, Pal, "Zoneout:
+    Regularizing RNNs by Randomly Preserving Hidden Activations" (ICLR 2017). With the LSTM
+    step ``(h~, c~)`` of ``rnnc.cells.lstm`` (same parameters) and new masks every step::
+
+        c' = m_c * c + (1 - m_c) * c~,   m_c ~ Bernoulli(zoneout_c)
+        h' = m_h * h + (1 - m_h) * h~,   m_h ~ Bernoulli(zoneout_h)
+
+    and output ``h'``. ``training=False`` is the expectation, ``c' = z_c c + (1 - z_c) c~``
+    (and ``h'`` likewise), with no masks. A training cell's calls need ``seed=``.
+    """
+    zc, zh = _probability(zoneout_c, "zoneout_c"), _probability(zoneout_h, "zoneout_h")
+    c = Cell("zoneout_lstm")
+    x = c.input("x", input_size)
+    h = c.state("h", hidden_size)
+    cs = c.state("c", hidden_size)
+    h_new, c_new = _lstm_step(c, x, h, cs, input_size, hidden_size)
+    if training:
+        c_next = where(bernoulli(zc, like=cs), cs, c_new)
+        h_next = where(bernoulli(zh, like=h), h, h_new)
+    else:
+        c_next = zc * cs + (1.0 - zc) * c_new
+        h_next = zh * h + (1.0 - zh) * h_new
+    c.update(h=h_next, c=c_next)
+    c.output("y", h_next)
+    return c
+
+
+def variational_lstm(input_size: int, hidden_size: int, dropout_x: float = 0.25,
+                     dropout_h: float = 0.25, training: bool = True) -> Cell:
+    """LSTM with variational dropout: one dropout mask per sequence on x and on h.
+
+    Gal, Ghahramani, "A Theoretically Grounded Application of Dropout in Recurrent Neural
+    Networks" (NeurIPS 2016), tied weights: every step of a sequence drops the same units::
+
+        x~ = x * m_x / (1 - dropout_x),   m_x ~ Bernoulli(1 - dropout_x), once per sequence
+        h~ = h * m_h / (1 - dropout_h),   m_h ~ Bernoulli(1 - dropout_h), once per sequence
+
+    then the LSTM step of ``rnnc.cells.lstm`` (same parameters) on ``x~`` and ``h~``; ``c`` is
+    not dropped. ``training=False`` uses ``x`` and ``h`` as they are (the expectation of the
+    scaled masks is 1). A training cell's calls need ``seed=``.
+    """
+    px = _probability(dropout_x, "dropout_x", below_one=True)
+    ph = _probability(dropout_h, "dropout_h", below_one=True)
+    c = Cell("variational_lstm")
+    x = c.input("x", input_size)
+    h = c.state("h", hidden_size)
+    cs = c.state("c", hidden_size)
+    if training:
+        x = x * bernoulli(1.0 - px, like=x, per="sequence") * (1.0 / (1.0 - px))
+        h_in = h * bernoulli(1.0 - ph, like=h, per="sequence") * (1.0 / (1.0 - ph))
+    else:
+        h_in = h
+    h_new, c_new = _lstm_step(c, x, h_in, cs, input_size, hidden_size)
     c.update(h=h_new, c=c_new)
     c.output("y", h_new)
     return c

@@ -23,6 +23,7 @@ from rnnc.errors import CheckError
 
 T, B = 4, 3
 LENGTHS = np.array([4, 1, 3])
+SEED = 0  # the masks of a cell that draws them (rnnc.bernoulli); other cells ignore it
 # Error allowed relative to the reference's largest magnitude (plus one): float32 rounding
 # over a few steps stays far below 1e-3; a miscompilation (a dropped term) is far above it.
 TOLERANCE = {"f64": 1e-9, "f32": 1e-3}
@@ -56,10 +57,12 @@ def _run(fn: Any, data: dict[str, Any], mode: str, lengths: np.ndarray | None
          ) -> dict[str, np.ndarray]:
     """Everything ``fn`` computes for ``mode`` ("inference" or "training"), flat by name."""
     if mode == "inference":
-        ys, st = fn(data["x"], data["params"], states=data["states"], lengths=lengths)
+        ys, st = fn(data["x"], data["params"], states=data["states"], lengths=lengths,
+                    seed=SEED)
         return {**{f"output {k}": v for k, v in ys.items()},
                 **{f"final state {k}": v for k, v in st.items()}}
-    ys, st, tape = fn.forward(data["x"], data["params"], states=data["states"], lengths=lengths)
+    ys, st, tape = fn.forward(data["x"], data["params"], states=data["states"], lengths=lengths,
+                              seed=SEED)
     out = {**{f"output {k}": v for k, v in ys.items()},
            **{f"final state {k}": v for k, v in st.items()}}
     g = fn.backward(tape, d_outputs=data["d_outputs"], d_states=data["d_states"])
@@ -117,7 +120,7 @@ def _culprit(fn: Any, oracle: dict[str, np.ndarray], data: dict[str, Any], mode:
     """The first pass after which the NumPy interpreter disagrees with ``oracle``."""
     masked = lengths is not None
     if mode == "inference":
-        names = passes.pipeline("inference", masked)
+        names = fn._pipeline("inference", masked)
         for k in range(1, len(names) + 1):
             cut = names[:k]
             f = _prefix_function(fn, lambda m, _, cut=cut: cut if m == "inference"
@@ -125,7 +128,7 @@ def _culprit(fn: Any, oracle: dict[str, np.ndarray], data: dict[str, Any], mode:
             if _first_difference(_run(f, data, mode, lengths), oracle, "f64"):
                 return names[k - 1]
         return None
-    forward = passes.pipeline("forward", masked)
+    forward = fn._pipeline("forward", masked)
     plain = {k: v for k, v in oracle.items() if not k.startswith("gradient")}
     for k in range(1, len(forward) + 1):
         cut = forward[:k]
@@ -133,7 +136,7 @@ def _culprit(fn: Any, oracle: dict[str, np.ndarray], data: dict[str, Any], mode:
                              else _prepare_part(cut))
         if _first_difference(_run(f, data, "inference", lengths), plain, "f64"):
             return forward[k - 1]
-    backward = passes.pipeline("backward", masked)
+    backward = fn._pipeline("backward", masked)
     start = backward.index("autodiff-backward")
     for j in range(start + 1, len(backward) + 1):
         cut = backward[:j]

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from rnnc import ops
+from rnnc import dsl_random, ops
 from rnnc.dsl_checks import check_allocatable, check_name, check_size
 from rnnc.dsl_docs import DOCS
 from rnnc.errors import CellError, RnncTypeError, RnncValueError, ShapeError
@@ -18,7 +18,8 @@ from rnnc.ir import NO_GRAD, Carry, Graph, Program, Scan, Type
 from rnnc.names import Role, final_state
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_INTERNAL = {os.path.join(_HERE, f) for f in ("dsl.py", "ops.py", "ir.py", "composites.py")}
+_INTERNAL = {os.path.join(_HERE, f) for f in ("dsl.py", "dsl_random.py", "ops.py", "ir.py",
+                                              "composites.py")}
 
 Init = Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]
 
@@ -101,7 +102,8 @@ class Value:
         return Transposed(self)
 
     def __getitem__(self, key: Any) -> Value:
-        """Slice the feature axis: ``v[:, a:b]`` or ``v[..., a:b]``."""
+        """Slice the feature axis: ``v[:, a:b]``, ``v[:, a:b:s]`` (every ``s``-th column,
+        ``s >= 1``) or the same with ``v[..., ...]``."""
         if isinstance(key, tuple) and len(key) == 2 and key[0] in (slice(None), Ellipsis):
             key = key[1]
         else:
@@ -110,11 +112,21 @@ class Value:
         n = self.shape[-1]
         if isinstance(key, int):
             key = slice(key, key + 1) if key != -1 else slice(n - 1, n)
-        if not isinstance(key, slice) or key.step not in (None, 1):
-            raise ShapeError(f"feature slices must be contiguous a:b, got {key!r} "
+        if not isinstance(key, slice):
+            raise ShapeError(f"feature slices must be a:b or a:b:s, got {key!r} "
                              f"(at {_user_location()})")
-        start, stop, _ = key.indices(n)
-        return apply(ops.slice_, self, start=start, stop=stop)
+        step = key.step
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int | np.integer)
+                                 or step < 1):
+            raise ShapeError(f"feature slices need a positive integer step a:b:s (s >= 1; "
+                             f"reversed features are not supported), got {key!r} "
+                             f"(at {_user_location()})")
+        start, stop, step = key.indices(n)
+        columns = range(start, stop, step)
+        if columns:  # one form per set of columns: stop just past the last, step 1 for one
+            stop, step = columns[-1] + 1, step if len(columns) > 1 else 1
+        attrs = {"start": start, "stop": stop} | ({"step": step} if step != 1 else {})
+        return apply(ops.slice_, self, **attrs)
 
     def __bool__(self) -> bool:
         raise RnncTypeError("a traced rnnc value has no truth value; use rnnc.where(c, a, b)")
@@ -322,7 +334,9 @@ class Cell:
             args[name] = (Role.STATE, Type("f32", body.node(nid).shape))
         for name, nid in self.params.items():
             args[name] = (Role.PARAM, Type("f32", body.node(nid).shape))
-        scan = Scan(body, seqs=tuple(self.inputs), consts=tuple(self.params),
+        random, seqs, consts = dsl_random.program_args(body)  # rng.*, when it draws masks
+        args.update(random)
+        scan = Scan(body, seqs=tuple(self.inputs) + seqs, consts=tuple(self.params) + consts,
                     carries=tuple(Carry(s, s, final_state(s)) for s in self.states),
                     stacked=tuple(self.outputs), reverse=reverse)
         results = tuple(self.outputs) + tuple(final_state(s) for s in self.states)
@@ -338,7 +352,8 @@ class Cell:
 # (+ - * /, unary -, @), as indexing (v[:, a:b]) or as Python numbers, or only passes make them.
 # Every other op of the registry is a function named after it: rnnc.tanh(v), rnnc.where(c, a, b).
 _NOT_FUNCTIONS = frozenset({"add", "sub", "mul", "div", "neg", "matmul", "slice", "pad",
-                            "expand", "sum_rows", "constant", "power"})
+                            "expand", "sum_rows", "constant", "power",
+                            "linear_scan", "last_step"})
 _OPERANDS = {1: ("x",), 2: ("a", "b"), 3: ("cond", "a", "b")}  # parameter names by arity
 
 
@@ -367,6 +382,7 @@ def _function(op: ops.Op) -> Callable[..., Value]:
 # The DSL functions by name, one per op of the registry a cell calls by name.
 FUNCTIONS: dict[str, Callable[..., Value]] = {
     op.name: _function(op) for op in ops.REGISTRY.values() if op.name not in _NOT_FUNCTIONS}
+FUNCTIONS["bernoulli"] = dsl_random.bernoulli  # attributes, not operands: its own signature
 globals().update(FUNCTIONS)
 
 __all__ = ["Cell", "Value", "apply", "FUNCTIONS", *FUNCTIONS]

@@ -28,8 +28,9 @@ class Tape:
     dtype: str
     T: int
     B: int
-    env: dict[str, np.ndarray]
+    env: dict[str, np.ndarray]  # with rng.key and rng.counter when the cell draws masks
     lengths: np.ndarray | None
+    seed: int | None = None  # the forward's seed: backward draws the same masks from it
 
 
 @dataclass

@@ -37,12 +37,17 @@ class Role(str, Enum):
     HOISTED = "hoisted"  # hoist.N: computed before the loop, read by it
     SUNK = "sunk"  # sink.N: stacked by the loop so that the post-loop graph can finish it
     PACKED = "packed"  # A|B|...: parameters packed side by side along the last axis
+    RANDOM = "random"  # rng.key, rng.counter: what the random masks of a call are drawn from
 
     def __str__(self) -> str:
         return self.value
 
 
 MASK = "len.mask"  # f[T,B,1]: 1.0 while step t is inside its sequence's length, else 0.0
+# The args of a cell that draws random masks (rnnc.philox): the call's seed, f[4], and the
+# step and batch row of each row of each step, f[T,B,4], as 16-bit halves of 32-bit words.
+RNG_KEY = "rng.key"
+RNG_COUNTER = "rng.counter"
 
 _FINAL = ".final"
 _PACK = "|"
@@ -114,6 +119,8 @@ def parse(name: str) -> Name | None:
     """The outermost layer of a compiler-made ``name``; None for a user's name."""
     if name == MASK:
         return Name(Role.MASK, name)
+    if name in (RNG_KEY, RNG_COUNTER):
+        return Name(Role.RANDOM, name)
     for prefix, role in _PREFIXES.items():
         if name.startswith(prefix) and len(name) > len(prefix):
             return Name(role, name[len(prefix):])

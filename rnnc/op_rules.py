@@ -75,14 +75,36 @@ def concat_shape(*shapes: Shape) -> Shape:
     return lead + (sum(s[-1] for s in shapes),)
 
 
-def slice_shape(a: Shape, start: int, stop: int) -> Shape:
+def check_step(op: str, step: Any) -> int:
+    """A layout op's ``step``: a positive int (1 is contiguous)."""
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 1:
+        raise ShapeError(f"{op} step must be a positive integer (1: contiguous), got {step!r}")
+    return int(step)
+
+
+def step_attrs(step: int) -> dict[str, int]:
+    """The ``step`` attribute as it is stored: omitted when 1, so contiguous layout ops keep
+    one form (and print as they always have)."""
+    return {} if step == 1 else {"step": step}
+
+
+def slice_width(start: int, stop: int, step: int = 1) -> int:
+    """How many columns ``[start:stop:step]`` holds."""
+    return len(range(start, stop, step))
+
+
+def slice_shape(a: Shape, start: int, stop: int, step: int = 1) -> Shape:
+    step = check_step("slice", step)
     if len(a) < 1 or not (0 <= start < stop <= a[-1]):
-        raise ShapeError(f"slice [{start}:{stop}] out of range for {ops.fmt_shape(a)}")
-    return a[:-1] + (stop - start,)
+        where = f"{start}:{stop}" + (f":{step}" if step != 1 else "")
+        raise ShapeError(f"slice [{where}] out of range for {ops.fmt_shape(a)}")
+    return a[:-1] + (slice_width(start, stop, step),)
 
 
-def pad_shape(a: Shape, before: int, after: int) -> Shape:
-    return a[:-1] + (a[-1] + before + after,)
+def pad_shape(a: Shape, before: int, after: int, step: int = 1) -> Shape:
+    step = check_step("pad", step)
+    # ``step - 1`` zeros between neighbouring columns of the operand.
+    return a[:-1] + (a[-1] + (a[-1] - 1) * (step - 1) + before + after,)
 
 
 def reduce_shape(a: Shape) -> Shape:
@@ -116,14 +138,15 @@ def concat_pieces(*widths: int) -> tuple[ops.Piece, ...]:
     return tuple(out)
 
 
-def slice_pieces(width: int, start: int, stop: int) -> tuple[ops.Piece, ...]:
-    return (ops.Piece(0, stop - start, 0, 1, start),)
+def slice_pieces(width: int, start: int, stop: int, step: int = 1) -> tuple[ops.Piece, ...]:
+    return (ops.Piece(0, slice_width(start, stop, step), 0, scale=step, offset=start),)
 
 
-def pad_pieces(width: int, before: int, after: int) -> tuple[ops.Piece, ...]:
-    middle = (ops.Piece(before, before + width, 0, 1, -before),)
+def pad_pieces(width: int, before: int, after: int, step: int = 1) -> tuple[ops.Piece, ...]:
+    end = before + (width - 1) * step + 1  # one past the operand's last column
+    middle = (ops.Piece(before, end, 0, 1, -before, div=step),)
     head = (ops.Piece(0, before, None),) if before else ()
-    tail = (ops.Piece(before + width, before + width + after, None),) if after else ()
+    tail = (ops.Piece(end, end + after, None),) if after else ()
     return head + middle + tail
 
 
@@ -151,6 +174,17 @@ def concat_ref(*xs):
     # Broadcast the leading (row) axes only: the feature sizes differ by design.
     lead = np.broadcast_shapes(*(x.shape[:-1] for x in xs))
     return np.concatenate([np.broadcast_to(x, lead + x.shape[-1:]) for x in xs], axis=-1)
+
+
+def slice_ref(x, start: int, stop: int, step: int = 1):
+    return x[..., start:stop:step]
+
+
+def pad_ref(x, before: int, after: int, step: int = 1):
+    n = x.shape[-1]
+    out = np.zeros(x.shape[:-1] + (before + (n - 1) * step + 1 + after,), x.dtype)
+    out[..., before:before + (n - 1) * step + 1:step] = x
+    return out
 
 
 def power_ref(x, exponent: float):
@@ -265,14 +299,17 @@ def vjp_concat(e, g, xs, y):
     return tuple(grads)
 
 
-def vjp_slice(e, g, xs, y, start, stop):
+def vjp_slice(e, g, xs, y, start, stop, step=1):
+    # Scatter g back to the sliced columns, zeros elsewhere (between them too, when strided).
     n = e.shape(xs[0])[-1]
-    return (e(ops.pad, g, before=start, after=n - stop),)
+    last = start + (slice_width(start, stop, step) - 1) * step
+    return (e(ops.pad, g, before=start, after=n - last - 1, **step_attrs(step)),)
 
 
-def vjp_pad(e, g, xs, y, before, after):
+def vjp_pad(e, g, xs, y, before, after, step=1):
     n = e.shape(xs[0])[-1]
-    return (e(ops.slice_, g, start=before, stop=before + n),)
+    return (e(ops.slice_, g, start=before, stop=before + (n - 1) * step + 1,
+              **step_attrs(step)),)
 
 
 def vjp_sum(e, g, xs, y):

@@ -31,26 +31,35 @@ class OpKind(str, Enum):
     REDUCE = "reduce"  # over the feature axis (sum, mean, amax, amin) or the rows (sum_rows)
     LAYOUT = "layout"  # moves columns: its ``pieces`` rule says which column it reads
     SOURCE = "source"  # no operands (constant)
+    SCAN = "scan"  # over the time axis of [T,...] sequences (linear_scan): outside the loop
     STRUCTURAL = "structural"  # arg, get, fused: the IR's own plumbing
 
 
 @dataclass(frozen=True)
 class Piece:
     """One column range of a layout op's result: for ``start <= j < stop``, column ``j`` reads
-    column ``scale * j + offset`` of operand ``operand``, or is 0.0 when ``operand`` is None.
+    column ``(scale * j + offset) // div`` of operand ``operand`` when ``scale * j + offset``
+    is a multiple of ``div``, and is 0.0 when it is not or when ``operand`` is None.
 
-    A layout op's ``pieces`` rule returns its pieces in column order, covering every column of
-    the result once; the LLVM region emitter and the CUDA kernel writer both read layout ops
-    through it (select the piece holding ``j``, clamp the read into the operand)."""
+    ``div`` > 1 spreads the operand's columns ``div`` apart with zeros between them (``pad``
+    with a ``step``, the gradient of a strided ``slice``); ``scale`` > 1 skips columns (a
+    strided slice); ``scale`` 0 repeats one column (``expand``). A layout op's ``pieces`` rule
+    returns its pieces in column order, covering every column of the result once; the LLVM
+    region emitter and the CUDA kernel writer both read layout ops through it (select the piece
+    holding ``j``, clamp the read into the operand, select 0.0 off the ``div`` grid)."""
 
     start: int
     stop: int
     operand: int | None
     scale: int = 1
     offset: int = 0
+    div: int = 1
 
     def column(self, j: int) -> int:  # the operand column output column j reads
-        return self.scale * j + self.offset
+        return (self.scale * j + self.offset) // self.div
+
+    def reads(self, j: int) -> bool:  # whether column j reads its operand (or is 0.0)
+        return self.operand is not None and (self.scale * j + self.offset) % self.div == 0
 
 
 @dataclass(frozen=True, eq=False)
@@ -65,6 +74,9 @@ class Op:
     vjp: Callable[..., Any] | None = None
     # Layout ops only: (operand widths, **attrs) -> tuple[Piece, ...]
     pieces: Callable[..., tuple[Piece, ...]] | None = None
+    # Draws random bits from the loop's counter (bernoulli): passes keep it in the loop body,
+    # and autodiff recomputes it in backward instead of saving it.
+    random: bool = False
 
     def __repr__(self) -> str:
         return f"Op({self.name})"
@@ -130,11 +142,11 @@ stop_gradient = _unary("stop_gradient", select.stop_gradient_ref, select.vjp_sto
 matmul = _register(Op("matmul", M, 2, rules.matmul_shape, rules.matmul_ref, rules.vjp_matmul))
 concat = _register(Op("concat", L, None, rules.concat_shape, rules.concat_ref, rules.vjp_concat,
                       pieces=rules.concat_pieces))
-slice_ = _register(Op("slice", L, 1, rules.slice_shape, lambda x, start, stop: x[..., start:stop],
-                      rules.vjp_slice, pieces=rules.slice_pieces))
-pad = _register(Op("pad", L, 1, rules.pad_shape,
-                   lambda x, before, after: np.pad(x, [(0, 0)] * (x.ndim - 1) + [(before, after)]),
-                   rules.vjp_pad, pieces=rules.pad_pieces))
+# attribute step (omitted when 1): a strided slice; pad's step spreads the columns apart.
+slice_ = _register(Op("slice", L, 1, rules.slice_shape, rules.slice_ref, rules.vjp_slice,
+                      pieces=rules.slice_pieces))
+pad = _register(Op("pad", L, 1, rules.pad_shape, rules.pad_ref, rules.vjp_pad,
+                   pieces=rules.pad_pieces))
 sum_ = _register(Op("sum", R, 1, rules.reduce_shape,
                     lambda x: x.sum(axis=-1, keepdims=True), rules.vjp_sum))
 mean = _register(Op("mean", R, 1, rules.reduce_shape,
@@ -150,6 +162,21 @@ sum_rows = _register(Op("sum_rows", R, 1, rules.sum_rows_shape,
                         lambda x: x.reshape(-1, x.shape[-1]).sum(axis=0), rules.vjp_sum_rows))
 constant = _register(Op("constant", S, 0, rules.constant_shape, rules.constant_ref,
                         rules.vjp_constant))
+# A 0.0/1.0 mask drawn by Philox4x32-10 from rng.key and rng.counter: rnnc/op_rules_random.py.
+# Elementwise as backends and fusion see it (one loop or kernel over its result), though element
+# (r, j) reads row r of rng.counter, all of rng.key and its own column index j.
+from rnnc import op_rules_random as random_rules  # noqa: E402
+
+bernoulli = _register(Op("bernoulli", E, 2, random_rules.bernoulli_shape,
+                         random_rules.bernoulli_ref, random_rules.vjp_bernoulli, random=True))
+
+# Over the time axis, outside the loop only (parallel-scan makes them): rnnc/op_rules_scan.py.
+from rnnc import op_rules_scan as scan_rules  # noqa: E402
+
+linear_scan = _register(Op("linear_scan", OpKind.SCAN, 3, scan_rules.linear_scan_shape,
+                           scan_rules.linear_scan_ref, scan_rules.vjp_linear_scan))
+last_step = _register(Op("last_step", OpKind.SCAN, 1, scan_rules.last_step_shape,
+                         scan_rules.last_step_ref, scan_rules.vjp_last_step))
 
 PRIMITIVES: tuple[Op, ...] = tuple(REGISTRY.values())
 

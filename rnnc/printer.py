@@ -8,7 +8,8 @@ from rnnc.names import Role
 INDENT = "  "
 # The program's args, one line per role, in this order.
 ARG_SECTIONS = ((Role.INPUT, "inputs"), (Role.STATE, "states"), (Role.PARAM, "params"),
-                (Role.MASK, "mask"), (Role.SAVED, "saved"), (Role.COTANGENT, "cotangents"))
+                (Role.MASK, "mask"), (Role.RANDOM, "random"), (Role.SAVED, "saved"),
+                (Role.COTANGENT, "cotangents"))
 
 
 def _attrs(attrs: dict) -> str:

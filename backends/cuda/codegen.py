@@ -1,5 +1,8 @@
 """CUDA C for a program: one kernel per elementwise, layout, reduce or fused node; GEMM steps.
 
+A region that reduces over the feature axis gets a kernel with one thread per row
+(:mod:`.rows`), any other one thread per element (:mod:`.kernels`).
+
 :func:`render` walks the program's schedule (:mod:`rnnc.backends.schedule`) and gives each
 step that does work a :class:`Launch` of a kernel (written by :mod:`.kernels`) or a
 :class:`Gemm`. Matmuls are not kernels: the runtime runs them as GEMMs. The source is
@@ -13,7 +16,9 @@ from dataclasses import dataclass, field
 
 from rnnc import ops
 from rnnc.backends.cuda.kernels import kernel_source
+from rnnc.backends.cuda.rows import row_kernel_source, row_shape
 from rnnc.backends.cuda.rules import CudaRenderer
+from rnnc.backends.cuda.scan import scan_kernel
 from rnnc.backends.schedule import GraphSchedule, ProgramSchedule, Step, schedule_program
 from rnnc.ir import ARG, FUSED, GET, Graph, Node, Program, Shape
 
@@ -31,6 +36,7 @@ class Launch:
     inputs: tuple[int, ...]
     shapes: tuple[Shape, ...]  # one per result
     fused: bool  # results form a tuple that ``get`` nodes pick from
+    per_row: bool = False  # one thread per row of the results (a region that reduces)
 
 
 @dataclass(frozen=True)
@@ -93,10 +99,15 @@ class _Kernels:
         else:
             region, operands = single_node_region(nodes, step, self.renderer.dtype)
             comment = step.op.name
-        text = kernel_source("@KERNEL@", region, self.renderer, comment)
+        per_row = row_shape(region) is not None
+        if per_row:
+            text = row_kernel_source("@KERNEL@", region, self.renderer,
+                                     comment + ", one thread per row")
+        else:
+            text = kernel_source("@KERNEL@", region, self.renderer, comment)
         name = self.names.setdefault(text, f"{self.prefix}{len(self.names)}")
         shapes = tuple(tuple(region.node(o).shape) for o in region.outputs.values())
-        return Launch(step.slot, name, tuple(operands), shapes, step.op is FUSED)
+        return Launch(step.slot, name, tuple(operands), shapes, step.op is FUSED, per_row)
 
 
 def graph_steps(graph: GraphSchedule, kernels: _Kernels) -> list[Launch | Gemm]:
@@ -112,6 +123,10 @@ def graph_steps(graph: GraphSchedule, kernels: _Kernels) -> list[Launch | Gemm]:
                               bool(attrs.get("transpose_b")), step.node.shape))
         elif step.op is FUSED or step.op.kind in KERNEL_KINDS:
             steps.append(kernels.launch(nodes, step))
+        elif step.op.kind is ops.OpKind.SCAN:  # over the time axis, outside the loop: scan.py
+            text, operands = scan_kernel(step, nodes, kernels.renderer)
+            name = kernels.names.setdefault(text, f"{kernels.prefix}{len(kernels.names)}")
+            steps.append(Launch(step.slot, name, operands, (step.node.shape,), False))
         else:
             raise NotImplementedError(f"cuda: no lowering for {step.op.name}")
     return steps

@@ -7,7 +7,8 @@ CuPy's ``RawKernel`` calling convention. Every graph walks its schedule
 once per program (:class:`ScanPlan`): body values live in two buffers used on alternate steps,
 so a carried value read at step t+1 is never the buffer being written at step t+1, and a
 stacked output computed by a kernel or GEMM is written straight into its slot of the (T, ...)
-result.
+result. A kernel runs one thread per element of its largest result, or one per row when its
+launch says so (a region that reduces over features); fused nodes run alike in every graph.
 """
 
 from __future__ import annotations
@@ -146,7 +147,8 @@ class Host:
             self.gemm(vals[step.a], vals[step.b], out, step.transpose_a, step.transpose_b)
             return out
         outs = [destination((step.node, k), shape) for k, shape in enumerate(step.shapes)]
-        total = max(int(np.prod(o.shape)) for o in outs)
+        # One thread per element, or per row (every result of a row kernel has the same rows).
+        total = max(int(np.prod(o.shape[:-1] if step.per_row else o.shape)) for o in outs)
         if total:
             grid = min((total + BLOCK - 1) // BLOCK, MAX_BLOCKS)
             args = tuple(vals[i] for i in step.inputs) + tuple(outs) + size_args

@@ -24,8 +24,10 @@ read at element (row, col) of its own shape, so broadcasting is index arithmetic
 
 A fused node's region becomes the body of one kernel; its results are grouped by shape and each
 group computes its elements under ``if (idx < n_group)``, sharing temporaries. A reduction loops
-over the reduced axis inside the thread (``sum``/``mean``: one thread per row). The source is
-deterministic text without node ids.
+over the reduced axis inside the thread (a lone ``sum``/``mean``: one thread per row). A region
+that reduces over features and whose results share one row shape gets the one-thread-per-row
+kernel of :mod:`.rows` instead, built on the same writer. The source is deterministic text
+without node ids.
 """
 
 from __future__ import annotations
@@ -223,7 +225,7 @@ class KernelWriter:
                 f"{row} * {width(shape)} + {col}" if col != "0" else f"{row} * {width(shape)}")
             expr = f"{self.pointers[nid]}[{index}]"
         else:
-            expr = RULES[node.op](ElementSite(self, node, row, col))
+            expr = self.render(node, row, col)
             if IDENTIFIER.fullmatch(expr) or node.op is ops.constant:
                 # A literal, or another element already named (a layout op reading one
                 # operand): no temporary.
@@ -233,6 +235,10 @@ class KernelWriter:
         self.emit(f"const {self.r.ctype} {name} = {expr};")
         self.scopes[-1].memo[key] = name
         return name
+
+    def render(self, node: Node, row: str, col: str) -> str:
+        """The C expression of ``node``'s rule at element (row, col)."""
+        return RULES[node.op](ElementSite(self, node, row, col))
 
     def loop(self, count: str, term: Callable[[str], str],
              combine: Callable[[str, str], str] | None = None, init: str | None = None) -> str:
@@ -314,32 +320,44 @@ class _RecordingSite(ElementSite):
         raise _LoopReached
 
 
+def kernel_head(name: str, region: Graph, renderer: CudaRenderer, comment: str) -> str:
+    """A kernel's comment line and signature, through its opening brace: one pointer per
+    operand of ``region`` (args in order), one per result, then the sizes ``T`` and ``B``."""
+    t = renderer.ctype
+    params = [f"const {t}* __restrict__ in{i}" for i in range(len(region.args()))]
+    params += [f"{t}* __restrict__ out{k}" for k in range(len(region.outputs))]
+    params += ["long long T", "long long B"]
+    head = [f"// {comment}", f'extern "C" __global__ void {name}(']
+    return "\n".join(head) + "\n" + ",\n".join("    " + p for p in params) + ") {\n"
+
+
+GRID_LOOP = [
+    "    const long long stride = (long long)gridDim.x * blockDim.x;",
+    "    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;",
+    "         idx += stride) {",
+]
+
+
+def writer_for(region: Graph, renderer: CudaRenderer) -> KernelWriter:
+    """A writer for ``region`` whose args read the kernel's operands ``in0, in1, ...``."""
+    pointers = {nid: f"in{i}" for i, nid in enumerate(region.args().values())}
+    return KernelWriter(renderer, region, pointers)
+
+
 def kernel_source(name: str, region: Graph, renderer: CudaRenderer, comment: str) -> str:
-    """One kernel computing every output of ``region`` (args in order are the operands)."""
-    args = list(region.args().values())
-    pointers = {nid: f"in{i}" for i, nid in enumerate(args)}
-    writer = KernelWriter(renderer, region, pointers)
+    """One kernel computing every output of ``region`` (args in order are the operands), one
+    thread per element."""
+    writer = writer_for(region, renderer)
     outputs = list(region.outputs.values())
     groups: dict[Shape, list[int]] = {}
     for k, nid in enumerate(outputs):
         groups.setdefault(tuple(region.node(nid).shape), []).append(k)
     sizes = [product(shape) for shape in groups]
-    t = renderer.ctype
-    params = [f"const {t}* __restrict__ in{i}" for i in range(len(args))]
-    params += [f"{t}* __restrict__ out{k}" for k in range(len(outputs))]
-    params += ["long long T", "long long B"]
-    head = [f"// {comment}", f'extern "C" __global__ void {name}(']
-    signature = ",\n".join("    " + p for p in params) + ") {"
     body = [f"    const long long n{g} = {size};" for g, size in enumerate(sizes)]
     total = "n0"
     for g in range(1, len(sizes)):
         total = f"rnnc_max({total}, n{g})"
-    body += [
-        f"    const long long total = {total};",
-        "    const long long stride = (long long)gridDim.x * blockDim.x;",
-        "    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;",
-        "         idx += stride) {",
-    ]
+    body += [f"    const long long total = {total};", *GRID_LOOP]
     for g, (shape, members) in enumerate(groups.items()):
         writer.scopes = [Scope()]
         values = [writer.value(outputs[k], "row", "col") for k in members]
@@ -356,4 +374,4 @@ def kernel_source(name: str, region: Graph, renderer: CudaRenderer, comment: str
         body += [f"            out{k}[idx] = {v};" for k, v in zip(members, values, strict=True)]
         body.append("        }")
     body += ["    }", "}"]
-    return "\n".join(head) + "\n" + signature + "\n" + "\n".join(body) + "\n"
+    return kernel_head(name, region, renderer, comment) + "\n".join(body) + "\n"

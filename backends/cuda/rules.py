@@ -30,7 +30,7 @@ import math
 from collections.abc import Callable
 from typing import Protocol
 
-from rnnc import ops
+from rnnc import ops, philox
 
 
 class Site(Protocol):
@@ -110,6 +110,36 @@ class CStyleRenderer:
             f"    return v < lo ? lo : (v > hi ? hi : v);\n"
             f"}}\n"
             f"{q} long long rnnc_max(long long a, long long b) {{ return a > b ? a : b; }}\n"
+            + self.bernoulli_helper()
+        )
+
+    def bernoulli_helper(self) -> str:
+        """``rnnc_bernoulli``: Philox4x32-10 of one mask element (``rnnc.philox``) from the
+        key's and its counter row's 16-bit halves, its column, the op's attributes and the
+        threshold; 1.0 where the first word is below it."""
+        t, q, u = self.ctype, self.qualifier, "unsigned int"
+        halves = ", ".join(f"{t} {n}" for n in ("k0l", "k0h", "k1l", "k1h", "tl", "th", "bl", "bh"))
+
+        def word(low: str, high: str) -> str:
+            return f"(({u}){low} | (({u}){high} << 16))"
+
+        return (
+            f"{q} {t} rnnc_bernoulli({halves}, long long col, {u} size, {u} stream,\n"
+            f"        int per_step, unsigned long long limit) {{\n"
+            f"    {u} k0 = {word('k0l', 'k0h')}, k1 = {word('k1l', 'k1h')};\n"
+            f"    {u} c0 = {word('bl', 'bh')} * size + ({u})col;\n"
+            f"    {u} c1 = per_step ? {word('tl', 'th')} : 0u, c2 = stream, c3 = 0u;\n"
+            f"    for (int r = 0; r < {philox.ROUNDS}; ++r) {{\n"
+            f"        if (r) {{ k0 += {philox.W0:#x}u; k1 += {philox.W1:#x}u; }}\n"
+            f"        const {u} hi0 = __umulhi({philox.M0:#x}u, c0), lo0 = {philox.M0:#x}u * c0;\n"
+            f"        const {u} hi1 = __umulhi({philox.M1:#x}u, c2), lo1 = {philox.M1:#x}u * c2;\n"
+            f"        c0 = hi1 ^ c1 ^ k0;\n"
+            f"        c1 = lo1;\n"
+            f"        c2 = hi0 ^ c3 ^ k1;\n"
+            f"        c3 = lo0;\n"
+            f"    }}\n"
+            f"    return (unsigned long long)c0 < limit ? {self.one} : {self.zero};\n"
+            f"}}\n"
         )
 
 
@@ -167,8 +197,8 @@ def _where(s: Site) -> str:
     return f"({s.at(0)} > {s.r.zero} ? {s.at(1)} : {s.at(2)})"
 
 
-def _column(piece: ops.Piece, col: str) -> str:
-    """The operand column ``scale * col + offset`` that column ``col`` of a piece reads, as C."""
+def _numerator(piece: ops.Piece, col: str) -> str:
+    """``scale * col + offset`` as C: the operand column times ``div``."""
     if piece.scale == 0:
         return str(piece.offset)
     scaled = col if piece.scale == 1 else f"{piece.scale} * {col}"
@@ -176,6 +206,15 @@ def _column(piece: ops.Piece, col: str) -> str:
         return scaled
     sign = "+" if piece.offset > 0 else "-"
     return f"({scaled} {sign} {abs(piece.offset)})"
+
+
+def _column(piece: ops.Piece, col: str) -> str:
+    """The operand column ``(scale * col + offset) / div`` that column ``col`` of a piece reads,
+    as C (which rounds toward 0, not down: apart only below 0, where the read is clamped)."""
+    if piece.scale == 0:
+        return str(piece.column(0))
+    numerator = _numerator(piece, col)
+    return numerator if piece.div == 1 else f"({numerator} / {piece.div})"
 
 
 def _in_bounds(piece: ops.Piece, columns: int, width: int) -> bool:
@@ -203,7 +242,10 @@ def layout_rule(op: ops.Op) -> Callable[[Site], str]:
             column = _column(piece, s.col)
             if not _in_bounds(piece, columns, width):
                 column = f"rnnc_clamp({column}, 0LL, {width - 1}LL)"
-            values.append(s.at(piece.operand, col=column))
+            value = s.at(piece.operand, col=column)
+            if piece.div != 1:  # off the div grid (between spread-out columns): 0.0
+                value = f"({_numerator(piece, s.col)} % {piece.div} == 0 ? {value} : {s.r.zero})"
+            values.append(value)
         expr = values[-1]
         # col < stop_0 ? v_0 : col < stop_1 ? v_1 : ... v_last
         for piece, value in zip(reversed(pieces[:-1]), reversed(values[:-1]), strict=True):
@@ -211,6 +253,15 @@ def layout_rule(op: ops.Op) -> Callable[[Site], str]:
         return expr
 
     return rule
+
+
+def _bernoulli(s: Site) -> str:
+    """A mask element: the key, its counter row, its column and the op's attributes."""
+    key = [s.at(0, col=str(k)) for k in range(4)]
+    counter = [s.at(1, col=str(k)) for k in range(4)]
+    a = s.attrs
+    return s.r.call("bernoulli", *key, *counter, s.col, f"{a['size']}u", f"{a['stream']}u",
+                    "1" if a["per"] == "step" else "0", f"{philox.threshold(a['p'])}ULL")
 
 
 def _sum(s: Site) -> str:
@@ -260,6 +311,7 @@ RULES: dict[ops.Op, Callable[[Site], str]] = {
     ops.power: lambda s: s.r.call("pow", s.at(0), s.r.literal(s.attrs["exponent"])),
     ops.softplus: _function("softplus"),
     ops.stop_gradient: lambda s: s.at(0),
+    ops.bernoulli: _bernoulli,
     ops.matmul: _matmul,
     ops.sum_: _sum,
     ops.mean: _mean,

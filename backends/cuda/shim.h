@@ -50,6 +50,10 @@ static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
 static inline float __frcp_rn(float x) { return 1.0f / x; }
 static inline double __drcp_rn(double x) { return 1.0 / x; }
 static inline float __fdividef(float x, float y) { return x / y; }
+// The high 32 bits of the 64-bit product of two 32-bit words (Philox's mulhi).
+static inline unsigned int __umulhi(unsigned int x, unsigned int y) {
+    return (unsigned int)(((unsigned long long)x * y) >> 32);
+}
 static inline float __fadd_rn(float x, float y) { return x + y; }
 static inline float __fmul_rn(float x, float y) { return x * y; }
 static inline float __fmaf_rn(float x, float y, float z) { return fmaf(x, y, z); }

@@ -5,7 +5,9 @@ Every node gets its own buffer, except that a node whose value is a graph output
 straight into the output's destination: a result buffer (when no later stage rewrites that
 name), the next-value buffer of a carry, or the step's slice of a stacked output. Carries are
 double-buffered: each step reads ``cur`` and writes ``nxt``, then the two swap. Summed outputs
-are zeroed before the loop and accumulated after each step.
+are zeroed before the loop and accumulated after each step. Outside the loop a slot whose value
+is dead (a node's, or a fused node's result once its ``get``'s users are emitted) is recycled.
+A fused node in any graph is emitted by :mod:`rnnc.backends.llvm.fused`.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from rnnc import ops
 from rnnc.backends.llvm import gemm, mathlib
 from rnnc.backends.llvm.blas import Convention
 from rnnc.backends.llvm.context import I64, Buffer, Context, Plan
+from rnnc.backends.llvm.fused import emit_fused, fusible
 from rnnc.backends.llvm.kernels import emit_accumulate, emit_loop, share_identical_functions
-from rnnc.backends.llvm.region import KERNEL_NODES, emit_fused, per_element
+from rnnc.backends.llvm.region import KERNEL_NODES
 from rnnc.backends.llvm.rules import RULES
 from rnnc.backends.llvm.team import Team
 from rnnc.backends.schedule import GraphSchedule, Step, schedule_program
@@ -82,10 +85,14 @@ class Lowering:
         """The buffer ``node`` is written into: its destination, a freed slot, or a new one."""
         if (node.id, 0) in self.redirect:
             return self.redirect[(node.id, 0)]
-        free = self.reusable.get(tuple(node.shape)) if self.reusable is not None else None
-        buf = free.pop() if free else self.ctx.slot(node.shape)
+        buf = self.out_slot(node.shape)
         self.owned[node.id] = buf
         return buf
+
+    def out_slot(self, shape: tuple) -> Buffer:
+        """A freed slot of ``shape`` where the graph recycles them, else a new one."""
+        free = self.reusable.get(tuple(shape)) if self.reusable is not None else None
+        return free.pop() if free else self.ctx.slot(shape)
 
     def destination(self, name: str, stage: int) -> Buffer | None:
         """The result buffer when this stage writes ``name`` last, else None."""
@@ -129,6 +136,7 @@ class Lowering:
         needed = _needed(graph)
         live = [step for step in graph.steps if step.slot in needed or step.op is ARG]
         users = Counter(i for step in live for i in set(step.inputs))
+        gets = Counter((step.inputs[0], step.attrs["index"]) for step in live if step.op is GET)
         kept = {output.slot for output in graph.outputs.values()}
         values: dict[int, Any] = {}
         for step in live:
@@ -138,7 +146,11 @@ class Lowering:
             elif step.op is FUSED:
                 values[step.slot] = self.lower_fused(step, operands)
             elif step.op is GET:
-                values[step.slot] = operands[0][step.attrs["index"]]
+                result = (step.inputs[0], step.attrs["index"])
+                values[step.slot] = operands[0][result[1]]
+                if result not in self.redirect and gets[result] == 1:
+                    # A fused result in a slot of its own: free once the get's users are done.
+                    self.owned[step.slot] = values[step.slot]
             else:
                 values[step.slot] = self.out(step.node)
                 self.lower_node(step.node, values[step.slot], operands)
@@ -150,11 +162,12 @@ class Lowering:
         return values
 
     def lower_fused(self, step: Step, operands: list[Buffer]) -> tuple[Buffer, ...]:
-        """One loop per output shape over the region, or node by node if it reduces."""
+        """The region's loops (:mod:`rnnc.backends.llvm.fused`), or node by node if its
+        reductions have no common row shape."""
         region = step.region
-        bufs = [self.redirect.get((step.slot, k)) or self.ctx.slot(output.shape)
+        bufs = [self.redirect.get((step.slot, k)) or self.out_slot(output.shape)
                 for k, output in enumerate(region.outputs.values())]
-        if not all(per_element(s.op) for s in region.steps if s.op is not ARG):
+        if not fusible(region):
             bound = dict(zip(region.args, operands, strict=True))
             self.lower_graph(region, bound, dict(zip(region.outputs, bufs, strict=True)))
             return tuple(bufs)

@@ -5,11 +5,14 @@ operands before users, with an index per axis of the value being read (an explic
 chain of thousands of ops needs no deep recursion). An operand of a smaller shape is read with
 its broadcast axes pinned to 0. A layout op is read through its index rule (``Op.pieces``):
 column ``j`` of its result is the piece whose column range holds ``j``, which reads column
-``scale * j + offset`` of its operand, or is 0.0. Every piece is read and the right one
-selected, so each read is clamped into its operand and every load stays inside its buffer.
+``(scale * j + offset) / div`` of its operand (0.0 off that grid), or is 0.0. Every piece is
+read and the right one selected, so each read is clamped into its operand and every load stays
+inside its buffer.
 
 The per-element arithmetic of each elementwise op is the rule table
-``rnnc.backends.llvm.rules.SCALAR``.
+``rnnc.backends.llvm.rules.SCALAR``. A fused node's region is cut into parts and each part
+emitted here or, when it reduces over the feature axis, row by row
+(:mod:`rnnc.backends.llvm.fused`).
 """
 
 from __future__ import annotations
@@ -22,8 +25,7 @@ from rnnc import ops
 from rnnc.backends.llvm import rules
 from rnnc.backends.llvm.context import I64, Buffer, Context, Shape
 from rnnc.backends.llvm.kernels import Kernel
-from rnnc.backends.schedule import GraphSchedule
-from rnnc.ir import ARG, Node
+from rnnc.ir import Node
 
 # A fused region of more nodes is emitted as several loops, each at most this many nodes: the
 # compile time of one loop body grows faster than linearly with its size (a 1,000-op body took
@@ -33,7 +35,8 @@ KERNEL_NODES = 128
 
 def per_element(op: ops.Op) -> bool:
     """Whether a region evaluates ``op`` element by element (reductions need a node's loop)."""
-    return op in rules.SCALAR or op.kind is ops.OpKind.LAYOUT or op is ops.constant
+    return op in rules.SCALAR or op in rules.INDEXED or op.kind is ops.OpKind.LAYOUT \
+        or op is ops.constant
 
 
 def broadcast_index(index: Sequence[ir.Value], out: Shape, src: Shape) -> tuple:
@@ -102,6 +105,8 @@ class Region:
             return reads, lambda args: rules.SCALAR[node.op](self.k.builder, *args, **node.attrs)
         if node.op.kind is ops.OpKind.LAYOUT:
             return self._layout_reads(node, index)
+        if node.op in rules.INDEXED:  # reads chosen elements and uses the index (bernoulli)
+            return rules.INDEXED[node.op](self.k.builder, node, index)
         raise NotImplementedError(f"{node.op.name} cannot be evaluated per element")
 
     def _layout_reads(self, node: Node, index: tuple) -> Reads:
@@ -125,24 +130,39 @@ class Region:
                           broadcast_index(lead, node.shape[:-1], shape[:-1]) + (column,)))
         zero = ir.Constant(self.k.ctx.scalar, 0.0)
 
+        def pick(piece: ops.Piece, arm: int | None, values: list) -> ir.Value:
+            if arm is None:
+                return zero
+            if piece.div == 1:
+                return values[arm]
+            # Off the div grid (between spread-out columns): 0.0.
+            rest = b.srem(self._numerator(j, piece), ir.Constant(I64, piece.div))
+            return b.select(b.icmp_signed("==", rest, ir.Constant(I64, 0)), values[arm], zero)
+
         def select(values: list) -> ir.Value:
-            result = zero if arms[-1] is None else values[arms[-1]]
+            result = pick(pieces[-1], arms[-1], values)
             for piece, arm in zip(pieces[-2::-1], arms[-2::-1], strict=True):
                 inside = b.icmp_signed("<", j, ir.Constant(I64, piece.stop))
-                result = b.select(inside, zero if arm is None else values[arm], result)
+                result = b.select(inside, pick(piece, arm, values), result)
             return result
 
         return reads, select
+
+    def _numerator(self, j: ir.Value, piece: ops.Piece) -> ir.Value:
+        """``scale * j + offset``: the operand column times ``div``."""
+        b = self.k.builder
+        column = j if piece.scale == 1 else b.mul(j, ir.Constant(I64, piece.scale))
+        return b.add(column, ir.Constant(I64, piece.offset)) if piece.offset else column
 
     def _column(self, j: ir.Value, piece: ops.Piece, width: int, n: int) -> ir.Value:
         """The operand column ``piece`` reads at column ``j`` of an ``n``-wide result, clamped
         into ``[0, width)`` on each side that some ``j < n`` would cross."""
         b = self.k.builder
         if piece.scale == 0:
-            return ir.Constant(I64, min(max(piece.offset, 0), width - 1))
-        column = j if piece.scale == 1 else b.mul(j, ir.Constant(I64, piece.scale))
-        if piece.offset:
-            column = b.add(column, ir.Constant(I64, piece.offset))
+            return ir.Constant(I64, min(max(piece.column(0), 0), width - 1))
+        column = self._numerator(j, piece)
+        if piece.div != 1:  # rounds toward 0, not down: apart only below 0, clamped below
+            column = b.sdiv(column, ir.Constant(I64, piece.div))
         ends = (piece.column(0), piece.column(n - 1))
         if min(ends) < 0:
             low = ir.Constant(I64, 0)
@@ -177,37 +197,3 @@ def emit_region(ctx: Context, nodes: Mapping[int, Node], leaves: dict[int, Buffe
         kernel.nest(shape, body)
         kernel.finish()
 
-
-def emit_fused(ctx: Context, region: GraphSchedule, leaves: dict[int, Buffer],
-               outputs: dict[int, Buffer]) -> None:
-    """Emit a per-element region as loops of at most ``KERNEL_NODES`` nodes each.
-
-    The nodes are cut into consecutive parts of their topological order; a value that a
-    later part reads is stored by its own part into a workspace slot, which the later
-    part loads. A typical cell's region is one part: one loop, nothing stored."""
-    nodes = {step.slot: step.node for step in region.steps}
-    order = [step.slot for step in region.steps if step.slot not in leaves
-             and step.op not in (ARG, ops.constant)]
-    if len(order) <= KERNEL_NODES:
-        emit_region(ctx, nodes, leaves, outputs, "fused")
-        return
-    part = {nid: k // KERNEL_NODES for k, nid in enumerate(order)}
-    last_reader: dict[int, int] = {}  # node id -> the last part that reads it
-    for step in region.steps:
-        for i in step.inputs:
-            last_reader[i] = max(last_reader.get(i, -1), part.get(step.slot, -1))
-    stored: dict[int, Buffer] = dict(leaves)
-    for first in range(0, len(order), KERNEL_NODES):
-        members = order[first:first + KERNEL_NODES]
-        here = part[members[0]]
-        reads = {i for nid in members for i in nodes[nid].inputs if i in stored}
-        # Outputs that are no part's node (a constant) are written with the first part.
-        writes = {} if first else {n: b for n, b in outputs.items() if n not in part}
-        for nid in members:
-            if nid in outputs:
-                writes[nid] = outputs[nid]
-            elif last_reader.get(nid, -1) > here:
-                writes[nid] = ctx.slot(nodes[nid].shape)
-        if writes:
-            emit_region(ctx, nodes, {i: stored[i] for i in sorted(reads)}, writes, "fused")
-        stored.update(writes)

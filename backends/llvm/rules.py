@@ -19,9 +19,10 @@ from collections.abc import Callable
 from llvmlite import ir
 
 from rnnc import ops
-from rnnc.backends.llvm import gemm, mathlib, region
+from rnnc.backends.llvm import gemm, mathlib, philox, region
 from rnnc.backends.llvm.context import Buffer, Context
 from rnnc.backends.llvm.kernels import Kernel, emit_reduce, emit_sum_rows
+from rnnc.backends.llvm.scan import emit_last_step, emit_linear_scan
 from rnnc.ir import Node
 
 
@@ -77,6 +78,11 @@ SCALAR: dict[ops.Op, Callable[..., ir.Value]] = {
     ops.power: mathlib.emit_power,  # with the node's attribute exponent
     ops.stop_gradient: lambda b, x: x,
 }
+
+# Per-element ops that read chosen elements of their operands and use the element's own index
+# (the Philox counter of ``bernoulli``): ``INDEXED[op](builder, node, index)`` returns the
+# reads a region makes for the element at ``index`` and the function combining their values.
+INDEXED: dict[ops.Op, Callable[..., philox.Reads]] = {ops.bernoulli: philox.bernoulli_reads}
 
 
 
@@ -173,6 +179,7 @@ def _constant(ctx: Context, node: Node, out: Buffer) -> None:
 
 RULES: dict[ops.Op, Callable[..., None]] = {
     **{op: _loop for op in SCALAR},
+    **{op: _loop for op in INDEXED},
     **{op: _loop for op in ops.PRIMITIVES if op.kind is ops.OpKind.LAYOUT},
     ops.matmul: _matmul,
     ops.sum_: _reduce,
@@ -181,4 +188,6 @@ RULES: dict[ops.Op, Callable[..., None]] = {
     ops.amin: _extreme,
     ops.sum_rows: _sum_rows,
     ops.constant: _constant,
+    ops.linear_scan: emit_linear_scan,  # over the time axis, outside the loop: scan.py
+    ops.last_step: emit_last_step,
 }

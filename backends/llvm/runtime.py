@@ -203,6 +203,9 @@ class LlvmBackend:
     """Native code through llvmlite: one LLVM function per program."""
 
     name = "llvm"
+    # Off by default: the linear_scan kernel runs over T on one thread and writes A, Bv and C
+    # as whole sequences, slower than the fused loop it replaces (docs/passes.md).
+    parallel_scan = False
 
     def __init__(self, blas: str | None = None, threads: int | None = None,
                  cache_dir: str | os.PathLike | bool | None = None,

@@ -1,7 +1,8 @@
 """Interpret a program step by step with NumPy.
 
 The runner walks the program's schedule (:mod:`rnnc.backends.schedule`), built once per
-program, so the interpreter's loop never walks the IR.
+program, so the interpreter's loop never walks the IR. A fused node, in the loop or outside it,
+is interpreted node by node over its region's schedule (a reduction inside it included).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ A custom cell factory works too: its parameters are registered as ``{name}_l{k}`
 ``{name}_l{k}_reverse``) with rnnc's shapes, and ``hx`` and the returned states are dicts
 by state name. A cell with extra inputs (every input after the first, see ``rnnc.RNN``)
 takes them as ``module(x, hx, extra={"u": u})``, tensors laid out like the (padded) input,
-and they get gradients through autograd like ``x``.
+and they get gradients through autograd like ``x``, under ``torch.compile`` too.
 """
 
 from __future__ import annotations
@@ -97,7 +97,8 @@ class RNN(nn.Module):
     ``mode`` is ``"rnn_tanh"``, ``"rnn_relu"``, ``"lstm"``, ``"gru"`` (or torch's spelling
     ``"LSTM"``, ``"RNN_TANH"``, ...) or an rnnc cell factory. ``backend`` is the rnnc backend
     (``None``: the fastest available); ``backend_options`` go to ``rnnc.compile``. Dropout
-    between layers draws from torch's random generator, so ``torch.manual_seed`` fixes it.
+    between layers draws from torch's random generator, so ``torch.manual_seed`` fixes it, and
+    so does a cell that draws its own masks (``rnnc.bernoulli``): each forward draws its seed.
     """
 
     def __init__(self, mode: str | CellFactory, input_size: int, hidden_size: int,
@@ -340,13 +341,11 @@ class RNN(nn.Module):
             states = [None if s is None else s.unsqueeze(1) for s in states]
         extras = self._extras_in(extra, unbatched)
         if torch.compiler.is_compiling():  # one opaque op in the compiled graph
-            if extras:
-                raise RnncValueError("extra inputs do not run under torch.compile yet: the "
-                                     "rnnc::rnn op takes x, states and weights only")
-            y, *final = torch_ops.apply(self, x, states, lengths)
+            y, *final = torch_ops.apply(self, x, states, lengths, extras)
         else:
-            seed = None
-            if self.training and self.dropout > 0 and self.num_layers > 1:
+            seed = None  # of the dropout between layers and of the cell's own masks
+            if self.training and self.dropout > 0 and self.num_layers > 1 \
+                    or self.layer.draws_masks:
                 seed = int(torch.randint(0, 2**62, (1,)).item())
             y, *final = torch_autograd.apply(self, lengths, seed, x, states,
                                              self._flat_parameters(), extras)

@@ -39,7 +39,8 @@ def apply(module: RNN, lengths: np.ndarray | None, seed: int | None, x: torch.Te
           extras: list[torch.Tensor] = ()) -> tuple[torch.Tensor, ...]:
     """``(y, *final_states)`` of ``module``'s layers, differentiable by torch's autograd.
 
-    ``seed`` seeds the dropout masks (None: no dropout); ``params`` are the module's
+    ``seed`` seeds the dropout masks in training and the cell's own masks (None: no dropout,
+    and a cell without masks); ``params`` are the module's
     parameters in ``_flat_parameters`` order; ``extras`` the cell's extra inputs in
     ``module.extra_names`` order.
     """
@@ -69,9 +70,10 @@ class _Apply(torch.autograd.Function):
                                                 strict=True)}
         grid = module._rnnc_params(tensors[ns + ne:])
         rng = None if seed is None else np.random.default_rng(seed)
+        dropout = seed is not None and module.training
         y, final, box.tape = module.layer.forward(to_numpy(x), lengths, states, train=True,
-                                                  params=grid, rng=rng,
-                                                  apply_dropout=seed is not None, extra=extra)
+                                                  params=grid, rng=rng, apply_dropout=dropout,
+                                                  extra=extra, seed=seed)
         return (from_numpy(y, x), *(from_numpy(final[n], x) for n in names))
 
     @staticmethod

@@ -82,7 +82,9 @@ class RNN:
     ``"numpy"``, ``"llvm"``, ``"cuda"`` or ``None`` for the fastest available (llvm if it
     works here, else numpy); ``backend_options`` go to ``rnnc.compile`` (e.g.
     ``emulate=True``). ``seed`` makes the parameter initialization and the dropout masks
-    reproducible.
+    reproducible. A cell that draws its own masks (``rnnc.bernoulli``: zoneout, variational
+    dropout) gets each call's ``seed=``, or one drawn from the layer's random stream, and every
+    layer and direction draws its own masks from a seed derived from it.
 
     States are a dict by state name, each ``(num_layers * D, B, size)`` with ``D = 2`` when
     bidirectional and row ``layer * D + direction``. For the standard cells this is
@@ -154,6 +156,11 @@ class RNN:
                 self.backend_options, self.proj_size, reverse)
         return self._functions[in_size, reverse]
 
+    @property
+    def draws_masks(self) -> bool:
+        """Whether the cell draws random masks (``rnnc.bernoulli``), keyed by a call's seed."""
+        return self.function(0).draws_masks
+
     def function(self, layer: int, direction: int = 0) -> Function:
         """Return the compiled function that runs direction ``direction`` of ``layer``
         (direction 1 scans backwards in time; shared by layers of equal input widths)."""
@@ -186,27 +193,30 @@ class RNN:
         return new
 
     # -- running
-    def __call__(self, x: Any, lengths: Any = None, states: Any = None, extra: Any = None
-                 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def __call__(self, x: Any, lengths: Any = None, states: Any = None, extra: Any = None,
+                 seed: int | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Inference: ``(y, final_states)``; no dropout, nothing saved.
 
         ``extra`` is a dict of the cell's extra inputs by name (every input after the
-        first), each shaped like ``x`` but with its own feature count; see the class."""
-        y, final, _ = run(self, x, lengths, states, None, False, self._rng, None, extra)
+        first), each shaped like ``x`` but with its own feature count; see the class.
+        ``seed`` keys the masks of a cell that draws them (see the class)."""
+        y, final, _ = run(self, x, lengths, states, None, False, self._rng, None, extra, seed)
         return y, final
 
     def forward(self, x: Any, lengths: Any = None, states: Any = None, train: bool = True,
                 params: Grid | None = None, rng: np.random.Generator | None = None,
-                apply_dropout: bool | None = None, extra: Any = None) -> Result:
+                apply_dropout: bool | None = None, extra: Any = None, seed: int | None = None
+                ) -> Result:
         """Training forward: ``(y, final_states, tape)``; ``train=False`` gives no tape.
 
         ``params`` replaces ``layer.params`` for this call (same ``[layer][direction]``
         structure); ``rng`` replaces the layer's dropout random stream. Dropout applies when
         ``apply_dropout`` is true, which defaults to ``train``. ``extra`` holds the extra
-        inputs, as in ``__call__``.
+        inputs, as in ``__call__``; ``seed`` keys the cell's own masks (the tape keeps it for
+        backward).
         """
         return run(self, x, lengths, states, params, train,
-                   self._rng if rng is None else rng, apply_dropout, extra)
+                   self._rng if rng is None else rng, apply_dropout, extra, seed)
 
     def backward(self, tape: LayerTape, d_y: Any = None, d_states: Any = None) -> LayerGrads:
         """Gradients given the loss's gradients w.r.t. ``y`` and the final states.

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rnnc import philox
 from rnnc.api import Tape
 from rnnc.layers import checks
 
@@ -62,9 +63,27 @@ def zero_past_lengths(a: np.ndarray, valid: np.ndarray | None) -> np.ndarray:
     return a if valid is None else np.where(valid, a, 0).astype(a.dtype, copy=False)
 
 
+def call_seed(layer: RNN, seed: Any, rng: np.random.Generator) -> int | None:
+    """The seed of a call's random masks (``rnnc.bernoulli`` in the cell): ``seed`` checked,
+    or, when it is None and the cell draws masks, one drawn from the layer's stream ``rng``."""
+    if seed is not None:
+        return philox.check_seed(seed)
+    return int(rng.integers(philox.SEED_LIMIT, dtype=np.uint64)) if layer.draws_masks else None
+
+
+def layer_seed(seed: int | None, k: int, d: int) -> int | None:
+    """The seed of layer ``k``'s direction ``d``: each its own masks, all from one seed."""
+    if seed is None:
+        return None
+    words = np.random.SeedSequence([seed, k, d]).generate_state(2, np.uint32)
+    return int(words[0]) | int(words[1]) << 32
+
+
 def run(layer: RNN, x: Any, lengths: Any, states: Any, params: Any, train: bool,
-        rng: np.random.Generator, apply_dropout: bool | None, extra: Any = None) -> Result:
+        rng: np.random.Generator, apply_dropout: bool | None, extra: Any = None,
+        seed: Any = None) -> Result:
     """``(y, final_states, tape)`` of ``RNN.forward`` (the tape is None unless ``train``)."""
+    seed = call_seed(layer, seed, rng)
     grid = checks.check_params(layer, params)
     dtype = np.dtype(next(iter(grid[0][0].values())).dtype) if grid[0][0] else layer.dtype
     x = checks.check_x(layer, x, dtype)
@@ -86,7 +105,8 @@ def run(layer: RNN, x: Any, lengths: Any, states: Any, params: Any, train: bool,
         for d in range(D):
             st0 = {n: init[n][k * D + d] for n in layer.state_sizes}
             seqs = {layer.input_name: inp, **layer_extra(layer, k, extra)} if extra else inp
-            y, st, tape = _run_direction(layer, k, d, seqs, grid[k][d], st0, lens, train)
+            y, st, tape = _run_direction(layer, k, d, seqs, grid[k][d], st0, lens, train,
+                                         layer_seed(seed, k, d))
             outs.append(zero_past_lengths(y, valid))
             row.append(tape)
             for n in layer.state_sizes:
@@ -102,15 +122,15 @@ def run(layer: RNN, x: Any, lengths: Any, states: Any, params: Any, train: bool,
 
 
 def _run_direction(layer: RNN, k: int, d: int, inp: Any, params: dict[str, Any],
-                   st0: dict[str, np.ndarray], lens: np.ndarray | None, train: bool
-                   ) -> tuple[np.ndarray, dict[str, np.ndarray], Tape | None]:
+                   st0: dict[str, np.ndarray], lens: np.ndarray | None, train: bool,
+                   seed: int | None) -> tuple[np.ndarray, dict[str, np.ndarray], Tape | None]:
     """One direction ``d`` of layer ``k``: its output in time order, final states and tape."""
     fn = layer.function(k, d)
     tape = None
     if train:
-        ys, st, tape = fn.forward(inp, params, st0, lens)
+        ys, st, tape = fn.forward(inp, params, st0, lens, seed=seed)
     else:
-        ys, st = fn(inp, params, st0, lens)
+        ys, st = fn(inp, params, st0, lens, seed=seed)
     return ys[layer.output_name], st, tape
 
 

@@ -66,7 +66,16 @@ ROWS: dict[str, Row] = {
     "slice": Row(ops.slice_, lambda x, h, W, b: (rnnc.concat([x, h]) if isinstance(x, Value)
                                                  else np.concatenate([x, h], -1),),
                  {"start": 2, "stop": 6}),
+    "slice-strided": Row(ops.slice_, lambda x, h, W, b: (rnnc.concat([x, h]) if isinstance(
+        x, Value) else np.concatenate([x, h], -1),), {"start": 1, "stop": 8, "step": 2}),
+    "slice-strided-narrow": Row(ops.slice_, lambda x, h, W, b: (x,),
+                                {"start": 0, "stop": 4, "step": 3}),
     "pad": Row(ops.pad, lambda x, h, W, b: (x[:, 1:3],), {"before": 1, "after": 1}),
+    # The gradient of a strided slice: x's columns two apart, zeros between.
+    "pad-strided": Row(ops.pad, lambda x, h, W, b: (x[:, 1:3],),
+                       {"before": 1, "after": 0, "step": 2}),
+    "pad-strided-wide": Row(ops.pad, lambda x, h, W, b: (x[:, 0:2],),
+                            {"before": 0, "after": 0, "step": 3}),
     "sum": Row(ops.sum_, lambda x, h, W, b: (x * h,)),
     "mean": Row(ops.mean, lambda x, h, W, b: (x + h,)),
     "expand": Row(ops.expand, lambda x, h, W, b: (x[:, 2:3],), {"size": H}),
@@ -143,6 +152,9 @@ def _backend(name: str) -> dict:
 
 def test_every_primitive_has_a_row() -> None:
     covered = {r.op for r in ROWS.values()} | {w[0] for w in WRAPPED.values()}
+    covered |= {ops.bernoulli}  # reads the call's seed: tests/rnnc/test_random.py, every backend
+    # Over the time axis, never in a cell: tests/backends/test_linear_scan_backends.py.
+    covered |= {ops.linear_scan, ops.last_step}
     missing = [op.name for op in ops.PRIMITIVES if op not in covered]
     assert not missing, f"primitives without a row: {missing}"
 

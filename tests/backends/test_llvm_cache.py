@@ -164,9 +164,22 @@ def test_fingerprint_is_structure_with_exact_constants() -> None:
         a, b = (rnnc.passes.run(t, rnnc.passes.pipeline(mode)) for t in traced)
         assert {n.id for n in a.scan.body.nodes()} != {n.id for n in b.scan.body.nodes()}
         assert fingerprint(a) == fingerprint(b)
-    # The constant sits inside a fused region after optimization: still told apart.
+    # The constant sits inside a fused region of the loop after optimization: still told
+    # apart. (The eps cell itself is linear in h, so parallel-scan leaves it no loop; the
+    # constant is then the scan's coefficient in pre, told apart as well.)
+    def tanh_cell(eps: float) -> rnnc.Cell:
+        c = rnnc.Cell("eps")
+        x, h = c.input("x", 3), c.state("h", 4)
+        h_new = rnnc.tanh(x @ c.param("W", (3, 4)) + h * eps)
+        c.update(h=h_new)
+        c.output("y", h_new)
+        return c
+
+    fused = [rnnc.compile(tanh_cell(e)).program() for e in EPSILONS]
+    assert any(n.op is FUSED for n in fused[0].scan.body.nodes())
+    assert fingerprint(fused[0]) != fingerprint(fused[1])
     optimized = [rnnc.compile(_eps_cell(e)).program() for e in EPSILONS]
-    assert any(n.op is FUSED for n in optimized[0].scan.body.nodes())
+    assert any(n.op.name == "linear_scan" for n in optimized[0].pre.nodes())
     assert fingerprint(optimized[0]) != fingerprint(optimized[1])
     base = optimized[0]
     variants = [retype(base, "f64"), replace(base, meta={**base.meta, "cell": "other"}),

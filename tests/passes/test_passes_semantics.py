@@ -15,7 +15,7 @@ from tests.strategies import random_cells
 
 T, B = 3, 2
 OURS = ("canonicalize", "fuse-gate-matmuls", "hoist-sequence", "fuse-elementwise",
-        "mask-lengths")
+        "mask-lengths", "parallel-scan")
 
 
 def _walk(cell, mode: str, masked: bool) -> None:

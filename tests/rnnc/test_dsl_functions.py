@@ -16,7 +16,7 @@ from rnnc import dsl, ops
 # The DSL functions rnnc has always had: generating them must keep every one.
 PUBLIC = sorted(["concat", "exp", "log", "mean", "relu", "rsqrt", "sigmoid", "sqrt", "sum", "tanh",
                  "where", "abs", "amax", "amin", "greater", "greater_equal", "less", "less_equal",
-                 "maximum", "minimum", "softplus", "stop_gradient"])
+                 "maximum", "minimum", "softplus", "stop_gradient", "bernoulli"])
 
 
 def test_the_public_functions_are_the_registry_minus_operators() -> None:
@@ -31,6 +31,8 @@ def _operands(cell: rnnc.Cell, function) -> list:
     cell.update(h=h)
     if function is dsl.FUNCTIONS["concat"]:
         return [[x, h]]
+    if function is dsl.FUNCTIONS["bernoulli"]:  # a probability and a value to take the shape of
+        return [0.5, x]
     return [x, h, x][:len(inspect.signature(function).parameters)]
 
 

@@ -156,7 +156,32 @@ ROWS: dict[str, Row] = {
                 [((),)]),
     "amin": Row(lambda a: np.sort(a, axis=-1)[..., :1], [(("B", N),), (("T", "B", N),), ((N,),)],
                 [((),)]),
+    # rng.key [4] and rng.counter [...,4]: p=1 keeps every element (the bits themselves:
+    # tests/rnnc/test_random.py, against Random123's known answers).
+    "bernoulli": Row(lambda key, counter: np.ones(counter.shape[:-1] + (N,)),
+                     [((4,), ("B", 4)), ((4,), ("T", "B", 4))],
+                     [((3,), ("B", 4)), ((4,), ("B", 3))],
+                     attrs={"p": 1.0, "per": "step", "size": N, "stream": 0}, positive=True),
+    # Over the time axis (reverse: from the last step); A and Bv broadcast to [T,B,n].
+    "linear_scan": Row(
+        lambda a, b, c0: _reverse_linear_recurrence(a, b, c0),
+        [(("T", "B", N), ("T", "B", N), ("B", N)), ((N,), ("T", "B", N), ("B", N)),
+         (("T", "B", 1), (), ("B", N))],
+        [(("B", N), ("B", N), ("B", N)), (("T", "B", N + 1), ("T", "B", N), ("B", N)),
+         (("T", "B", N), ("T", "B", N), ("T", "B", N))],
+        attrs={"reverse": True, "exclusive": False},
+    ),
+    "last_step": Row(lambda a: a[-1], [(("T", "B", N),), (("T", N),)], [(("B", N),), ((N,),)],
+                     attrs={"reverse": False}),
 }
+
+
+def _reverse_linear_recurrence(a, b, c0):
+    """C[t] = sum over s >= t of (A[t] ... A[s-1]) Bv[s], plus (A[t] ... A[T-1]) c0."""
+    T = SIZES["T"]
+    a, b = (np.broadcast_to(v, (T,) + c0.shape) for v in (a, b))
+    return np.stack([sum(np.prod(a[t:s], axis=0) * b[s] for s in range(t, T))
+                     + np.prod(a[t:], axis=0) * c0 for t in range(T)])
 
 
 def test_every_primitive_has_a_row() -> None:

@@ -70,8 +70,11 @@ ROWS: dict[str, list[Row]] = {
                Row(((2, B, 5), (2, B, N)), {"transpose_a": True})],
     "concat": [Row(((B, 2), (B, 3))), Row(((B, 1), (B, N), (B, 2)))],
     "slice": [Row(((B, 6),), {"start": 1, "stop": 4}), Row(((B, 6),), {"start": 0, "stop": 6}),
-              Row(((2, B, 5),), {"start": 4, "stop": 5})],
-    "pad": [Row(((B, 3),), {"before": 2, "after": 1}), Row(((B, 3),), {"before": 0, "after": 2})],
+              Row(((2, B, 5),), {"start": 4, "stop": 5}),
+              Row(((B, 7),), {"start": 1, "stop": 6, "step": 2}),
+              Row(((2, B, 9),), {"start": 0, "stop": 9, "step": 4})],
+    "pad": [Row(((B, 3),), {"before": 2, "after": 1}), Row(((B, 3),), {"before": 0, "after": 2}),
+            Row(((B, 3),), {"before": 1, "after": 2, "step": 3})],
     "sum": [Row(((B, N),)), Row(((2, B, N),))],
     "mean": [Row(((B, N),)), Row(((2, B, N),))],
     "expand": [Row(((B, 1),), {"size": N}), Row(((2, B, 1),), {"size": 3})],
@@ -90,6 +93,14 @@ ROWS: dict[str, list[Row]] = {
     "stop_gradient": [Row(((B, N),), fixed=(0,))],
     "amax": [Row(((B, N),)), Row(((2, B, N),))],
     "amin": [Row(((B, N),)), Row(((2, B, N),))],
+    # A random mask: no gradient to the key or the counter.
+    "bernoulli": [Row(((4,), (B, 4)), {"p": 0.5, "per": "step", "size": N, "stream": 1},
+                      positive=True, fixed=(0, 1))],
+    "linear_scan": [Row(((3, B, N), (3, B, N), (B, N))),
+                    Row(((N,), (3, B, N), (B, N)), {"reverse": True}),
+                    Row(((3, B, N), (3, B, N), (B, N)), {"exclusive": True}),
+                    Row(((3, B, 1), (), (B, N)), {"reverse": True, "exclusive": True})],
+    "last_step": [Row(((3, B, N),)), Row(((3, B, N),), {"reverse": True})],
 }
 
 
