@@ -1,9 +1,10 @@
-"""Train four published cells on a tiny synthetic task: the Light GRU, the Mogrifier LSTM, and
-two LSTMs that draw random masks, with zoneout and with variational dropout.
+"""Train eight published cells on a tiny synthetic task: the Light GRU, the Mogrifier LSTM, the
+LSTM with projection, IndRNN, the multiplicative LSTM, the layer-norm GRU, and two LSTMs that
+draw random masks, with zoneout and with variational dropout.
 
-``rnnc.cells.ligru``, ``mogrifier_lstm``, ``zoneout_lstm`` and ``variational_lstm`` (their
-equations are in their docstrings, with the rest of the published cells in
-rnnc/cells_published.py) each run as a one-layer ``rnnc.RNN``. The last two call
+``rnnc.cells.ligru``, ``mogrifier_lstm``, ``lstmp``, ``indrnn``, ``mlstm``,
+``layer_norm_gru``, ``zoneout_lstm`` and ``variational_lstm`` (their equations are in their
+docstrings, in rnnc/cells_published.py) each run as a one-layer ``rnnc.RNN``. The last two call
 ``rnnc.bernoulli``: every training step passes its own ``seed=``, from which the layer draws
 the masks (backward draws the same ones again); the other cells ignore it.
 
@@ -13,6 +14,7 @@ number; the loss is the mean squared error; ``layer.forward`` / ``layer.backward
 give the recurrent gradients, the readout's are computed by hand, and Adam updates both.
 
     python examples/published_cells.py [--steps 60] [--hidden 16] [--backend numpy]
+                                       [--cells ligru,lstmp,...]
 """
 
 from __future__ import annotations
@@ -48,12 +50,17 @@ class Adam:
             a -= self.lr * m_hat / (np.sqrt(v_hat) + 1e-8)
 
 
+CELLS = ("ligru", "mogrifier_lstm", "lstmp", "indrnn", "mlstm", "layer_norm_gru",
+         "zoneout_lstm", "variational_lstm")
+
+
 def train(name: str, args: argparse.Namespace) -> list[float]:
     """Train cell ``name`` for ``args.steps`` steps; return the loss of every step."""
     rng = np.random.default_rng(args.seed)
     layer = rnnc.RNN(rnnc.cells.PUBLISHED[name], 2, args.hidden, backend=args.backend,
                      seed=args.seed, dtype=np.float64)
-    W = rng.uniform(-1, 1, (args.hidden, 1)) / np.sqrt(args.hidden)
+    width = layer.output_size  # the cell's output width: smaller than hidden for lstmp
+    W = rng.uniform(-1, 1, (width, 1)) / np.sqrt(width)
     b = np.zeros(1)
     params = [p[k] for row in layer.params for p in row for k in sorted(p)]
     opt = Adam([*params, W, b], args.lr)
@@ -81,8 +88,10 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=0.02)
     ap.add_argument("--backend", default="numpy")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cells", default=",".join(CELLS), help="comma-separated, from "
+                    + ", ".join(CELLS))
     args = ap.parse_args()
-    for name in ("ligru", "mogrifier_lstm", "zoneout_lstm", "variational_lstm"):
+    for name in args.cells.split(","):
         losses = train(name, args)
         every = max(1, args.steps // 5)
         for step in range(0, args.steps, every):

@@ -70,7 +70,8 @@ def check_ddp_train(tmp_path: pathlib.Path) -> None:
 
 def check_published_cells(tmp_path: pathlib.Path) -> None:
     out = run("published_cells.py", "--steps", "30", "--hidden", "8", cwd=tmp_path)
-    for name in ("ligru", "mogrifier_lstm"):
+    for name in ("ligru", "mogrifier_lstm", "lstmp", "indrnn", "mlstm", "layer_norm_gru",
+                 "zoneout_lstm", "variational_lstm"):
         m = re.search(rf"^{name}\s+loss: first ([\d.]+) last ([\d.]+)", out, re.M)
         assert m, out
         assert float(m[2]) < 0.7 * float(m[1]), out
