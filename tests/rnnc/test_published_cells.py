@@ -144,6 +144,42 @@ def test_forward_matches_numpy_loop_on_llvm(name, lengths):
 
 
 
+def _emulator() -> bool:
+    import shutil
+
+    return shutil.which("g++") is not None
+
+
+@pytest.mark.parametrize("backend", ["llvm", "cuda-emulate"])
+@pytest.mark.parametrize("name", NAMES)
+def test_every_backend_matches_the_oracle_forward_and_gradients(name, backend):
+    """Outputs, final states and every gradient on llvm and the CUDA emulation against the
+    unoptimized traced program (whose own gradients are checked against central differences
+    above), float64, with lengths."""
+    if backend == "llvm" and not LLVM:
+        pytest.skip("llvm backend needs llvmlite")
+    if backend == "cuda-emulate" and not _emulator():
+        pytest.skip("the CUDA emulation needs a C++ compiler")
+    cell, p, x, s0 = problem(name, seed=3)
+    options = {"backend": "cuda", "emulate": True} if backend == "cuda-emulate" else \
+        {"backend": backend}
+    results = []
+    for fn in (rnnc.compile(cell, optimize=False), rnnc.compile(cell, **options)):
+        ys, st, tape = fn.forward(x, p, states=s0, lengths=LENGTHS)
+        rng = np.random.default_rng(4)
+        d_y = {k: rng.standard_normal(v.shape) for k, v in ys.items()}
+        d_s = {k: rng.standard_normal(v.shape) for k, v in st.items()}
+        g = fn.backward(tape, d_outputs=d_y, d_states=d_s)
+        results.append({**{f"y {k}": v for k, v in ys.items()},
+                        **{f"state {k}": v for k, v in st.items()}, "grad x": g.x,
+                        **{f"grad {k}": v for k, v in g.params.items()},
+                        **{f"grad state {k}": v for k, v in g.states.items()}})
+    want, got = results
+    assert sorted(got) == sorted(want)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-10, atol=1e-12, err_msg=k)
+
+
 @pytest.mark.parametrize("lengths", [None, LENGTHS], ids=["full", "lengths"])
 @pytest.mark.parametrize("name", NAMES)
 def test_gradients_match_central_differences(name, lengths):
