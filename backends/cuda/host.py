@@ -180,6 +180,8 @@ class Host:
         """The time loop; stacked and summed outputs and final carries by name."""
         xp, scan, plan = self.xp, self.schedule.scan, self.scan_plan
         out = self.scan_outputs(dims, buffers)
+        if not (scan.carries or scan.stacked or scan.summed):
+            return out  # parallel-scan left an empty loop: no step has anything to launch
         pairs = {key: buffers.pair(shape, dims) for key, shape in plan.pairs.items()}
         copied = {name: buffers.pair(shape, dims) for name, shape in plan.copied.items()}
         local = {name: env[name] for name in scan.consts}

@@ -52,6 +52,8 @@ def run_scan(schedule: ProgramSchedule, env: Mapping[str, np.ndarray],
         out[name] = np.zeros((T,) + resolve(body.outputs[name].shape, dims), dtype=dtype)
     for name in scan.summed:
         out[name] = np.zeros(resolve(body.outputs[name].shape, dims), dtype=dtype)
+    if not (scan.carries or scan.stacked or scan.summed):
+        return out  # parallel-scan left an empty loop: no step has anything to compute
     local = {name: env[name] for name in scan.consts}
     carry = {c.name: env[c.init] for c in scan.carries}
     for t in (range(T - 1, -1, -1) if scan.reverse else range(T)):

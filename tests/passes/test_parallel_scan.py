@@ -325,3 +325,22 @@ def test_parallel_scan_is_a_compile_option() -> None:
     assert scans(rnnc.compile(cell, backend="llvm", parallel_scan=True))
     with pytest.raises(rnnc.RnncTypeError, match="parallel_scan must be True or False"):
         rnnc.compile(cell, parallel_scan="yes")
+
+
+def test_an_empty_loop_runs_no_steps(monkeypatch) -> None:
+    """With every carry a scan, the NumPy runner walks no loop body: a few graphs, not
+    one graph per step."""
+    from rnnc.backends.numpy import runtime
+
+    cell = CELLS["min_gru"]()
+    params = cell.init_params(dtype=np.float64)
+    x = np.random.default_rng(0).standard_normal((50, 2, cell.sizes("input")["x"][-1]))
+    want, _ = rnnc.compile(cell, optimize=False)(x, params)  # the oracle loops: run it first
+    fn = rnnc.compile(cell)
+    assert fn.op_counts("inference")["loop"] == {}
+    calls = []
+    real = runtime.run_graph
+    monkeypatch.setattr(runtime, "run_graph", lambda *a, **k: calls.append(1) or real(*a, **k))
+    ys, _ = fn(x, params)
+    np.testing.assert_allclose(ys["y"], want["y"], rtol=1e-10, atol=1e-12)
+    assert len(calls) <= 3, len(calls)  # pre, post, ...: not one per step of the 50
