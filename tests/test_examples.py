@@ -55,6 +55,32 @@ def check_char_lm(tmp_path: pathlib.Path) -> None:
     assert re.search(r"^sample \(temperature [\d.]+\):\nShall I .{40}", out, re.M | re.S), out
 
 
+def check_min_gru_lm(tmp_path: pathlib.Path) -> None:
+    out = run("min_gru_lm.py", "--hidden", "16", "--steps", "40", "--seq-len", "16", "--batch",
+              "8", "--print-every", "20", "--sample-len", "40", "--out", "lm", "--compare",
+              cwd=tmp_path)
+    # Every layer's compiled programs are the parallel form: one linear_scan, no time loop.
+    for k in (0, 1):
+        assert re.search(rf"^parallel form, layer {k} .*forward: no time loop, 1 linear_scan; "
+                         r"backward: no time loop, 1 linear_scan", out, re.M), out
+    assert re.search(r"^parallel_scan=False, layer 0 .*forward: a time loop", out, re.M), out
+    m = re.search(r"^one training step .*: parallel form [\d.]+ ms, time loop [\d.]+ ms.*"
+                  r"max \|gradient difference\| ([\d.e+-]+)$", out, re.M)
+    assert m and float(m[1]) < 1e-4, out
+    m = re.search(r"^loss: first ([\d.]+) last ([\d.]+)", out, re.M)
+    assert m, out
+    assert float(m[2]) < float(m[1]) - 0.1, out
+    assert (tmp_path / "lm" / "loss.csv").read_text().startswith("step,loss\n")
+    assert len((tmp_path / "lm" / "loss.csv").read_text().splitlines()) == 41
+    assert re.search(r"^sample \(temperature [\d.]+\):\nShall I .{40}", out, re.M | re.S), out
+    # The NumPy backend runs the parallel form too (there by default).
+    out = run("min_gru_lm.py", "--backend", "numpy", "--hidden", "8", "--steps", "5", "--seq-len",
+              "8", "--batch", "4", "--sample-len", "10", "--out", "np", cwd=tmp_path)
+    assert re.search(r"^parallel form, layer 1 .*forward: no time loop, 1 linear_scan", out,
+                     re.M), out
+    assert re.search(r"^sample \(temperature [\d.]+\):\nShall I .{10}", out, re.M | re.S), out
+
+
 def check_torch_interop(tmp_path: pathlib.Path) -> None:
     pytest.importorskip("torch")
     out = run("torch_interop.py", "--steps", "2", "--backend", "numpy", cwd=tmp_path)
@@ -81,6 +107,7 @@ SMOKE = {
     "custom_cells.py": check_custom_cells,
     "ir_tour.py": check_ir_tour,
     "char_lm.py": check_char_lm,
+    "min_gru_lm.py": check_min_gru_lm,
     "torch_interop.py": check_torch_interop,
     "ddp_train.py": check_ddp_train,
     "published_cells.py": check_published_cells,
