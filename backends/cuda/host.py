@@ -1,8 +1,9 @@
-"""The host side of a CUDA run: the program's schedule over device arrays, step by step.
+"""The host side of a CUDA run: the program's schedule over device arrays, recorded once.
 
 Written against an array module ``xp`` (CuPy on a GPU, NumPy in emulation) and kernels with
-CuPy's ``RawKernel`` calling convention. Every graph walks its schedule
-(:mod:`rnnc.backends.schedule`); each step that does work has a :class:`~.codegen.Launch` or
+CuPy's ``RawKernel`` calling convention. :meth:`Host.plan` walks the schedule
+(:mod:`rnnc.backends.schedule`) once per shape and records every launch into a
+:class:`~.plan.Plan`; each step that does work has a :class:`~.codegen.Launch` or
 :class:`~.codegen.Gemm` from code generation. Where the loop body's results live is decided
 once per program (:class:`ScanPlan`): body values live in two buffers used on alternate steps,
 so a carried value read at step t+1 is never the buffer being written at step t+1, and a
@@ -14,13 +15,14 @@ launch says so (a region that reduces over features); fused nodes run alike in e
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from rnnc import ops
 from rnnc.backends.cuda.codegen import BLOCK, Gemm, Launch, Module
+from rnnc.backends.cuda.plan import Entry, Plan
 from rnnc.backends.schedule import GraphSchedule, ProgramSchedule, resolve
 from rnnc.ir import ARG, GET, Shape
 
@@ -31,28 +33,14 @@ Destination = Callable[[Key, Shape], Any]
 
 
 class Buffers:
-    """Device arrays for one run; when ``keep`` is set, the same arrays on every run."""
+    """Allocates a plan's device arrays."""
 
-    def __init__(self, xp: Any, dtype: Any, keep: bool) -> None:
-        self.xp, self.dtype, self.keep = xp, dtype, keep
-        self.arrays: list[Any] = []
-        self.next = 0
-
-    def restart(self) -> None:
-        """Hand out the kept arrays again, in the same order, for the next run."""
-        self.next = 0
+    def __init__(self, xp: Any, dtype: Any) -> None:
+        self.xp, self.dtype = xp, dtype
 
     def empty(self, shape: tuple[int, ...]) -> Any:
-        """An uninitialized array of ``shape`` (the next kept one when keeping)."""
-        if self.keep and self.next < len(self.arrays):
-            array = self.arrays[self.next]
-            assert array.shape == shape, (array.shape, shape)
-        else:
-            array = self.xp.empty(shape, self.dtype)
-            if self.keep:
-                self.arrays.append(array)
-        self.next += 1
-        return array
+        """An uninitialized array of ``shape``."""
+        return self.xp.empty(shape, self.dtype)
 
     def pair(self, shape: Shape, dims: Mapping[str, int]) -> tuple[Any, Any]:
         """Two arrays of the symbolic ``shape``, for alternate steps."""
@@ -107,25 +95,28 @@ class Host:
         self.scan_plan = plan_scan(schedule.body, module.steps["body"], scan.stacked,
                                    tuple(c.name for c in scan.carries))
 
-    def execute(self, env: Mapping[str, Any], dims: Mapping[str, int], buffers: Buffers
-                ) -> dict[str, Any]:
-        """Run pre, scan and post over device arrays; the program's results as device arrays."""
-        schedule = self.schedule
-        env = dict(env)
+    def plan(self, inputs: Mapping[str, Any], dims: Mapping[str, int]) -> Plan:
+        """The launch plan of a call on ``inputs`` (device arrays the plan keeps, by name) for
+        sizes ``dims``: pre, scan and post, recorded in call order (:mod:`.plan`)."""
+        schedule, buffers = self.schedule, Buffers(self.xp, self.dtype)
+        plan = Plan(dict(inputs))
+        env = dict(inputs)
 
         def once(key: Key, shape: Shape) -> Any:
             return buffers.empty(resolve(shape, dims))
 
-        env.update(self.run_graph("pre", schedule.pre, env, dims, once))
-        env.update(self.run_scan(env, dims, buffers))
-        env.update(self.run_graph("post", schedule.post, env, dims, once))
-        return {name: env[name] for name in schedule.results}
+        env.update(self.run_graph(plan, Entry("pre", ""), schedule.pre, env, dims, once))
+        env.update(self.run_scan(plan, env, dims, buffers))
+        env.update(self.run_graph(plan, Entry("post", ""), schedule.post, env, dims, once))
+        plan.results = {name: env[name] for name in schedule.results}
+        return plan
 
-    def run_graph(self, where: str, graph: GraphSchedule, env: Mapping[str, Any],
+    def run_graph(self, plan: Plan, at: Entry, graph: GraphSchedule, env: Mapping[str, Any],
                   dims: Mapping[str, int], destination: Destination) -> dict[str, Any]:
-        """Run one graph; ``destination((node, index), shape)`` gives result arrays."""
+        """Record one graph (``at``: where and at which step); ``destination((node, index),
+        shape)`` gives result arrays."""
         vals: dict[int, Any] = {}
-        work = self.work[where]
+        work = self.work[at.where]
         size_args = (np.int64(dims["T"]), np.int64(dims["B"]))
         for step in graph.steps:
             op = step.op
@@ -136,15 +127,17 @@ class Host:
             elif op is ops.constant:
                 vals[step.slot] = self.constants[step.slot]
             else:
-                vals[step.slot] = self.run_step(work[step.slot], vals, destination, size_args)
+                vals[step.slot] = self.record_step(plan, at, work[step.slot], vals, destination,
+                                                   size_args)
         return {name: vals[output.slot] for name, output in graph.outputs.items()}
 
-    def run_step(self, step: Launch | Gemm, vals: Mapping[int, Any], destination: Destination,
-                 size_args: tuple[np.int64, np.int64]) -> Any:
-        """Launch one kernel or GEMM; its result, or the tuple of a fused kernel's results."""
+    def record_step(self, plan: Plan, at: Entry, step: Launch | Gemm, vals: Mapping[int, Any],
+                    destination: Destination, size_args: tuple[np.int64, np.int64]) -> Any:
+        """Record one kernel or GEMM; its result, or the tuple of a fused kernel's results."""
         if isinstance(step, Gemm):
             out = destination((step.node, 0), step.shape)
-            self.gemm(vals[step.a], vals[step.b], out, step.transpose_a, step.transpose_b)
+            self.record_gemm(plan, replace(at, kind="gemm"), vals[step.a], vals[step.b], out,
+                             step.transpose_a, step.transpose_b)
             return out
         outs = [destination((step.node, k), shape) for k, shape in enumerate(step.shapes)]
         # One thread per element, or per row (every result of a row kernel has the same rows).
@@ -152,58 +145,64 @@ class Host:
         if total:
             grid = min((total + BLOCK - 1) // BLOCK, MAX_BLOCKS)
             args = tuple(vals[i] for i in step.inputs) + tuple(outs) + size_args
-            self.kernels[step.kernel]((grid,), (BLOCK,), args)
+            plan.record(replace(at, kind="kernel"), self.kernels[step.kernel], (grid,), (BLOCK,),
+                        args)
         return tuple(outs) if step.fused else outs[0]
 
-    def gemm(self, a: Any, b: Any, out: Any, transpose_a: bool, transpose_b: bool) -> None:
+    def record_gemm(self, plan: Plan, at: Entry, a: Any, b: Any, out: Any, transpose_a: bool,
+                    transpose_b: bool) -> None:
         """``out = a @ b`` on 2-D views; transpose_a contracts every leading axis of a and b."""
-        xp = self.xp
         a2 = a.reshape(-1, a.shape[-1])
         if transpose_a:
-            xp.matmul(a2.T, b.reshape(-1, b.shape[-1]), out=out)
+            plan.record(at, self.xp.matmul, a2.T, b.reshape(-1, b.shape[-1]), out=out)
         else:
-            xp.matmul(a2, b.T if transpose_b else b, out=out.reshape(-1, out.shape[-1]))
+            plan.record(at, self.xp.matmul, a2, b.T if transpose_b else b,
+                        out=out.reshape(-1, out.shape[-1]))
 
-    def scan_outputs(self, dims: Mapping[str, int], buffers: Buffers) -> dict[str, Any]:
-        """The loop's stacked outputs (uninitialized) and summed outputs (zeroed)."""
+    def scan_outputs(self, plan: Plan, dims: Mapping[str, int], buffers: Buffers
+                     ) -> dict[str, Any]:
+        """The loop's stacked outputs (uninitialized) and summed outputs (zeroed by a call)."""
         scan, body = self.schedule.scan, self.schedule.body
         out: dict[str, Any] = {}
         for name in scan.stacked:
             out[name] = buffers.empty((dims["T"],) + resolve(body.outputs[name].shape, dims))
         for name in scan.summed:
             out[name] = buffers.empty(resolve(body.outputs[name].shape, dims))
-            out[name].fill(0)
+            plan.record(Entry("pre", "fill"), out[name].fill, 0)
         return out
 
-    def run_scan(self, env: Mapping[str, Any], dims: Mapping[str, int], buffers: Buffers
-                 ) -> dict[str, Any]:
-        """The time loop; stacked and summed outputs and final carries by name."""
-        xp, scan, plan = self.xp, self.schedule.scan, self.scan_plan
-        out = self.scan_outputs(dims, buffers)
+    def run_scan(self, plan: Plan, env: Mapping[str, Any], dims: Mapping[str, int],
+                 buffers: Buffers) -> dict[str, Any]:
+        """Record the time loop; stacked and summed outputs and final carries by name."""
+        xp, scan, scan_plan = self.xp, self.schedule.scan, self.scan_plan
+        out = self.scan_outputs(plan, dims, buffers)
         if not (scan.carries or scan.stacked or scan.summed):
             return out  # parallel-scan left an empty loop: no step has anything to launch
-        pairs = {key: buffers.pair(shape, dims) for key, shape in plan.pairs.items()}
-        copied = {name: buffers.pair(shape, dims) for name, shape in plan.copied.items()}
+        pairs = {key: buffers.pair(shape, dims) for key, shape in scan_plan.pairs.items()}
+        copied = {name: buffers.pair(shape, dims) for name, shape in scan_plan.copied.items()}
         local = {name: env[name] for name in scan.consts}
         carry = {c.name: env[c.init] for c in scan.carries}
         T = dims["T"]
         for step, t in enumerate(range(T - 1, -1, -1) if scan.reverse else range(T)):
             local.update({name: env[name][t] for name in scan.seqs})
             local.update(carry)
+            at = Entry("body", "", step)
 
             def destination(key: Key, shape: Shape, t: int = t, step: int = step) -> Any:
-                if key in plan.into_stack:
-                    return out[plan.into_stack[key]][t]
+                if key in scan_plan.into_stack:
+                    return out[scan_plan.into_stack[key]][t]
                 return pairs[key][step % 2]
 
-            results = self.run_graph("body", self.schedule.body, local, dims, destination)
-            for name in plan.copy_stacked:
-                xp.copyto(out[name][t], results[name])
+            results = self.run_graph(plan, at, self.schedule.body, local, dims, destination)
+            for name in scan_plan.copy_stacked:
+                plan.record(replace(at, kind="copy"), xp.copyto, out[name][t], results[name])
             for name in scan.summed:
-                xp.add(out[name], results[name], out=out[name])
+                plan.record(replace(at, kind="add"), xp.add, out[name], results[name],
+                            out=out[name])
             for c in scan.carries:
                 if c.name in copied:
-                    xp.copyto(copied[c.name][step % 2], results[c.name])
+                    plan.record(replace(at, kind="copy"), xp.copyto, copied[c.name][step % 2],
+                                results[c.name])
                     carry[c.name] = copied[c.name][step % 2]
                 else:
                     carry[c.name] = results[c.name]

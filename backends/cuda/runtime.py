@@ -8,28 +8,31 @@ The host code is written once against an array module ``xp`` and a kernel loader
 - in emulation (``emulate=True``), ``xp`` is NumPy and the *same source string* is compiled for
   the CPU by :class:`~rnnc.backends.cuda.emulate.EmulatedModule`; inputs are used in place.
 
-The time loop runs in Python (:mod:`.host`): per step, each body kernel is launched and each
-GEMM writes into a preallocated buffer (``out=``).
+A call runs a launch plan (:mod:`.plan`), built the first time a shape is seen and kept (the
+:data:`~.plan.MAX_PLANS` most recently used per runner): the device arrays of the inputs, of
+every intermediate and of the results, and every kernel launch and GEMM already resolved. A
+call copies its NumPy inputs into the plan's input arrays, makes the plan's calls in order (on
+a GPU on the runner's own stream) and copies the results out. Calls on one runner take turns.
 
-``graph=True`` (GPU only in effect): per (T, B) the buffers and device copies of the inputs
-are kept, the first call runs eagerly (compiling CuPy's own kernels and creating the cuBLAS
-handle, which cannot happen inside a capture), and then the whole program, all T steps, is
-captured once with ``Stream.begin_capture``/``end_capture`` and replayed with one
-``graph.launch`` per later call, after copying the new inputs into the kept buffers. If the
-capture fails (a CuPy or driver that cannot capture cuBLAS), that size runs eagerly instead. In
-emulation ``graph=True`` keeps the same buffers and reruns the steps, which is what a replay
-does.
+``graph=True`` (GPU only in effect): after a shape's first call (which also compiles CuPy's own
+kernels and creates the cuBLAS handle, which cannot happen inside a capture) the plan is
+captured once with ``Stream.begin_capture``/``end_capture`` and later calls replay it with one
+``graph.launch``. If the capture fails (a CuPy or driver that cannot capture cuBLAS), that
+shape runs its plan call by call instead. In emulation the plan runs call by call, which is
+what a replay does.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from rnnc.backends.cuda.codegen import render
-from rnnc.backends.cuda.host import Buffers, Host
+from rnnc.backends.cuda.host import Host
+from rnnc.backends.cuda.plan import Plan, Plans, shape_key
 from rnnc.backends.schedule import schedule_program
 from rnnc.errors import BackendUnavailable, RnncValueError
 from rnnc.ir import Program
@@ -87,7 +90,10 @@ class CudaBackend:
 
 
 class Runner:
-    """A built program: ``runner(env, dims)`` runs it; ``runner.source`` is its kernel source."""
+    """A built program: ``runner(env, dims)`` runs it; ``runner.source`` is its kernel source.
+
+    ``runner.transfers`` holds the bytes the last call copied to the device and back
+    (``to_device``, ``to_host``), counted alike on a GPU and in emulation."""
 
     def __init__(self, backend: CudaBackend, program: Program) -> None:
         schedule = schedule_program(program)
@@ -99,79 +105,73 @@ class Runner:
         self.loaded = backend.load(module.source, module.kernels)
         kernels = {name: self.loaded.get_function(name) for name in module.kernels}
         self.host = Host(self.xp, schedule, module, kernels)
-        self._kept: dict[tuple[int, int], dict[str, Any]] = {}
+        self.plans = Plans()
+        self.transfers = {"to_device": 0, "to_host": 0}
+        # One call at a time: a plan's buffers serve every call of its shape.
+        self._lock = threading.Lock()
+        self._stream: Any = None
 
     # -- the API's entry point
     def __call__(self, env: Mapping[str, np.ndarray], dims: Mapping[str, int]
                  ) -> dict[str, np.ndarray]:
         """Run over ``env`` (NumPy arrays by name) for sizes ``dims``; NumPy results by name."""
-        if self.backend.graph:
-            return self._call_kept(env, dims)
-        inputs = {name: self._to_device(value) for name, value in env.items()}
-        buffers = Buffers(self.xp, self.dtype, keep=False)
-        results = self.host.execute(inputs, dims, buffers)
-        return {name: self._to_host(value, inputs) for name, value in results.items()}
+        with self._lock:
+            plan = self.plans.get(shape_key(env, dims), lambda: self._new_plan(env, dims))
+            if self.backend.cupy is None:
+                return self._emulated(plan, env)
+            if self._stream is None:
+                self._stream = self.backend.cupy.cuda.Stream(non_blocking=True)
+            with self._stream:
+                return self._on_device(plan, env, self._stream)
 
-    def _to_device(self, value: np.ndarray) -> Any:
-        """A contiguous device copy on a GPU; the array itself in emulation."""
-        return self.xp.ascontiguousarray(self.xp.asarray(value))
+    def plan(self, env: Mapping[str, np.ndarray], dims: Mapping[str, int]) -> Plan:
+        """The launch plan a call on ``env`` with sizes ``dims`` runs (built if new)."""
+        with self._lock:
+            return self.plans.get(shape_key(env, dims), lambda: self._new_plan(env, dims))
 
-    def _to_host(self, value: Any, inputs: Mapping[str, Any]) -> np.ndarray:
-        """A NumPy result the caller owns."""
-        if self.backend.cupy is not None:
-            return value.get()
-        # Emulation allocates results per call; only a pass-through input needs a copy.
-        if any(np.may_share_memory(value, v) for v in inputs.values()):
-            return np.array(value)
-        return value
+    def _new_plan(self, env: Mapping[str, np.ndarray], dims: Mapping[str, int]) -> Plan:
+        inputs = {n: self.xp.empty(np.shape(v), np.asarray(v).dtype) for n, v in env.items()}
+        return self.host.plan(inputs, dims)
 
-    def _call_kept(self, env: Mapping[str, np.ndarray], dims: Mapping[str, int]
+    def _emulated(self, plan: Plan, env: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Copy in, run the plan, copy out: what a GPU call does, in host memory."""
+        for name, value in env.items():
+            np.copyto(plan.inputs[name], value)
+        plan.run()
+        results = {name: np.array(value) for name, value in plan.results.items()}
+        self._count(env, results)
+        return results
+
+    def _on_device(self, plan: Plan, env: Mapping[str, np.ndarray], stream: Any
                    ) -> dict[str, np.ndarray]:
-        """Run with buffers kept per (T, B); on a GPU, capture once and replay a CUDA graph."""
-        key = (dims["T"], dims["B"])
-        state = self._kept.get(key)
-        if state is None:
-            inputs = {n: self.xp.empty(np.shape(v), np.asarray(v).dtype) for n, v in env.items()}
-            state = {"inputs": inputs, "buffers": Buffers(self.xp, self.dtype, keep=True),
-                     "graph": None, "results": None}
-            self._kept[key] = state
-        inputs = state["inputs"]
-        if set(env) != set(inputs):
-            raise RnncValueError(f"inputs changed between calls: {sorted(env)} vs "
-                                 f"{sorted(inputs)}")
-        cupy = self.backend.cupy
-        if cupy is None:
-            for name, value in env.items():
-                np.copyto(inputs[name], value)
-            state["buffers"].restart()
-            results = self.host.execute(inputs, dims, state["buffers"])
-            return {name: np.array(value) for name, value in results.items()}
-        stream = state.setdefault("stream", cupy.cuda.Stream(non_blocking=True))
-        with stream:
-            for name, value in env.items():
-                inputs[name].set(np.ascontiguousarray(value), stream=stream)
-            if state["graph"] is not None:
-                state["graph"].launch(stream)
-                results = state["results"]
-            else:
-                state["buffers"].restart()
-                results = self.host.execute(inputs, dims, state["buffers"])
-                if state["results"] is None:
-                    state["results"] = results
-                    state["graph"] = self._capture(stream, inputs, dims, state["buffers"])
-            stream.synchronize()
-            return {name: value.get(stream=stream) for name, value in results.items()}
-
-    def _capture(self, stream: Any, inputs: Mapping[str, Any], dims: Mapping[str, int],
-                 buffers: Buffers) -> Any:
-        """The program as a CUDA graph on ``stream``, or None if this CuPy cannot capture it."""
+        """Copy in on ``stream``, launch the plan (replaying its CUDA graph with graph=True,
+        capturing it after the first call), copy out."""
+        for name, value in env.items():
+            plan.inputs[name].set(np.ascontiguousarray(value), stream=stream)
+        if plan.graph is not None:
+            plan.graph.launch(stream)
+        else:
+            plan.run()
+            if self.backend.graph and not plan.captured:
+                plan.captured = True
+                plan.graph = self._capture(stream, plan)
+        results = {name: value.get(stream=stream) for name, value in plan.results.items()}
         stream.synchronize()
-        buffers.restart()
-        # Relaxed mode: CuPy may query (not allocate) memory while the loop is recorded.
+        self._count(env, results)
+        return results
+
+    def _count(self, env: Mapping[str, np.ndarray], results: Mapping[str, np.ndarray]) -> None:
+        self.transfers = {"to_device": sum(np.asarray(v).nbytes for v in env.values()),
+                          "to_host": sum(v.nbytes for v in results.values())}
+
+    def _capture(self, stream: Any, plan: Plan) -> Any:
+        """The plan as a CUDA graph on ``stream``, or None if this CuPy cannot capture it."""
+        stream.synchronize()
+        # Relaxed mode: CuPy may query (not allocate) memory while the calls are recorded.
         runtime = self.backend.cupy.cuda.runtime
         stream.begin_capture(getattr(runtime, "streamCaptureModeRelaxed", None))
         try:
-            self.host.execute(inputs, dims, buffers)
+            plan.run()
         except Exception:
             try:
                 stream.end_capture()

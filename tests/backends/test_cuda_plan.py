@@ -1,0 +1,162 @@
+"""The CUDA backend's launch plan, in emulation: built once per shape, then only replayed.
+
+A call's work is recorded once per (T, B) (``backends/cuda/plan.py``); these tests count what a
+step of the loop launches, check that running a plan enters no code that walks a schedule or
+the IR, that the bytes copied to and from the device are counted, that plans are kept per
+shape and bounded, and that calls on one runner from several threads still get their own
+results. Every result is compared with the unoptimized oracle.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+import threading
+
+import numpy as np
+import pytest
+
+import rnnc
+from rnnc.backends.cuda import plan as plan_module
+
+SIZES = (3, 4)
+
+
+def _inputs(cell: rnnc.Cell, T: int, B: int = 2, seed: int = 0
+            ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((T, B, SIZES[0])).astype(np.float32)
+    return x, cell.init_params(seed=seed)
+
+
+def _runner(fn: rnnc.Function, mode: str = "inference"):
+    return fn._runners[(mode, "f32", False)]
+
+
+def _plan(fn: rnnc.Function, mode: str = "inference") -> plan_module.Plan:
+    plans = _runner(fn, mode).plans.plans
+    assert len(plans) == 1, len(plans)
+    return next(iter(plans.values()))
+
+
+@pytest.mark.parametrize("name, per_step", [
+    ("lstm", {"gemm": 1, "kernel": 1}),  # h @ U, then one fused kernel for every gate and state
+    ("gru", {"gemm": 1, "kernel": 1}),
+    ("peephole_lstm", {"gemm": 1, "kernel": 1}),
+])
+def test_a_step_is_one_gemm_and_one_kernel(name: str, per_step: dict) -> None:
+    cell = getattr(rnnc.cells, name)(*SIZES)
+    fn = rnnc.compile(cell, backend="cuda", emulate=True)
+    x, p = _inputs(cell, T=6)
+    ys, finals = fn(x, p)
+    want, want_finals = rnnc.compile(cell, optimize=False)(x, p)
+    np.testing.assert_allclose(ys["y"], want["y"], rtol=1e-5, atol=1e-6)
+    plan = _plan(fn)
+    for step in range(6):
+        assert plan.per_step(step) == per_step, (step, plan.per_step(step))
+    assert plan.per_step(6) == {}
+
+
+def test_a_cell_left_with_no_loop_launches_nothing_per_step() -> None:
+    cell = rnnc.cells.min_gru(*SIZES)
+    fn = rnnc.compile(cell, backend="cuda", emulate=True)
+    fn(*_inputs(cell, T=5))
+    plan = _plan(fn)
+    assert plan.count("body") == {}
+    assert plan.count("pre").get("kernel", 0) >= 1  # the scan itself runs before the loop
+
+
+def _profiled(call) -> pstats.Stats:
+    profile = cProfile.Profile()
+    profile.enable()
+    call()
+    profile.disable()
+    return pstats.Stats(profile)
+
+
+def _entered(stats: pstats.Stats, fragment: str) -> int:
+    return sum(calls for (path, _, _), (calls, *_) in stats.stats.items()  # type: ignore[attr-defined]
+               if fragment in path.replace("\\", "/"))
+
+
+@pytest.mark.parametrize("mode", ["inference", "forward"])
+def test_a_call_only_replays_its_plan(mode: str) -> None:
+    """After the first call of a shape, a call enters no schedule walk, no host recording code
+    and no networkx; it launches exactly the plan's kernels, one per recorded kernel entry."""
+    cell = rnnc.cells.lstm(*SIZES)
+    fn = rnnc.compile(cell, backend="cuda", emulate=True)
+    x, p = _inputs(cell, T=7)
+    run = (lambda: fn(x, p)) if mode == "inference" else (lambda: fn.forward(x, p))
+    run()
+    stats = _profiled(run)
+    assert _entered(stats, "backends/cuda/host.py") == 0
+    assert _entered(stats, "backends/schedule.py") == 0
+    assert _entered(stats, "networkx") == 0
+    launches = sum(calls for (path, _, name), (calls, *_) in stats.stats.items()  # type: ignore[attr-defined]
+                   if name == "__call__" and path.endswith("cuda/launch.py"))
+    kernels = _plan(fn, mode).count("pre").get("kernel", 0) + \
+        _plan(fn, mode).count("body").get("kernel", 0) + \
+        _plan(fn, mode).count("post").get("kernel", 0)
+    assert launches == kernels, (launches, kernels)
+
+
+def test_bytes_to_and_from_the_device_are_counted() -> None:
+    cell = rnnc.cells.gru(*SIZES)
+    fn = rnnc.compile(cell, backend="cuda", emulate=True)
+    x, p = _inputs(cell, T=5)
+    ys, finals = fn(x, p)
+    runner = _runner(fn)
+    # In: x, the initial state, the packed parameters; out: y and the final state.
+    n_params = sum(v.size for v in p.values())
+    assert runner.transfers["to_device"] == 4 * (x.size + 2 * SIZES[1] + n_params)
+    assert runner.transfers["to_host"] == ys["y"].nbytes + finals["h"].nbytes
+
+
+def test_plans_are_kept_per_shape_and_bounded(monkeypatch) -> None:
+    monkeypatch.setattr(plan_module, "MAX_PLANS", 3)
+    cell = rnnc.cells.lstm(*SIZES)
+    fn = rnnc.compile(cell, backend="cuda", emulate=True)
+    oracle = rnnc.compile(cell, optimize=False)
+    for T in (2, 3, 4, 5, 6, 2, 3):
+        x, p = _inputs(cell, T=T, seed=T)
+        ys, finals = fn(x, p)
+        want, want_finals = oracle(x, p)
+        np.testing.assert_allclose(ys["y"], want["y"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(finals["c"], want_finals["c"], rtol=1e-5, atol=1e-6)
+    plans = _runner(fn).plans
+    assert len(plans) == 3
+    assert [key[0] for key in plans.plans] == [6, 2, 3]
+
+
+def test_results_are_the_caller_s_own() -> None:
+    """A plan's buffers serve every call of its shape: results are copies, not views."""
+    cell = rnnc.cells.gru(*SIZES)
+    fn = rnnc.compile(cell, backend="cuda", emulate=True)
+    x, p = _inputs(cell, T=4)
+    first, _ = fn(x, p)
+    kept = first["y"].copy()
+    fn(*_inputs(cell, T=4, seed=1))
+    np.testing.assert_array_equal(first["y"], kept)
+
+
+def test_threads_calling_one_runner_get_their_own_results() -> None:
+    cell = rnnc.cells.lstm(*SIZES)
+    fn = rnnc.compile(cell, backend="cuda", emulate=True)
+    oracle = rnnc.compile(cell, optimize=False)
+    cases = [_inputs(cell, T=5, seed=s) for s in range(4)]
+    wants = [oracle(x, p)[0]["y"] for x, p in cases]
+    fn(*cases[0])
+    errors: list[str] = []
+
+    def work(k: int) -> None:
+        for _ in range(5):
+            got = fn(*cases[k])[0]["y"]
+            if not np.allclose(got, wants[k], rtol=1e-5, atol=1e-6):
+                errors.append(f"thread {k}")
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
