@@ -49,7 +49,7 @@ class Buffers:
 
 @dataclass(frozen=True)
 class ScanPlan:
-    """Where the loop body's results live, by symbolic shape; allocated per run."""
+    """Where the loop body's results live, by symbolic shape; allocated per plan."""
 
     into_stack: dict[Key, str]  # results written straight into a stacked output's step slot
     pairs: dict[Key, Shape]  # every other result a kernel or GEMM makes: two buffers each
@@ -57,6 +57,13 @@ class ScanPlan:
     # their own pair of buffers, so they too are never overwritten while still needed.
     copied: dict[str, Shape]
     copy_stacked: tuple[str, ...]  # stacked outputs copied into their step slot after a step
+    # A carry's next value (key) whose previous value is stacked (name, e.g. a value saved for
+    # the backward): written straight into the slot of the next step, which the next step
+    # reads as its carry, so only the first step copies; the last step writes its pair.
+    shifted: dict[Key, str]
+    # A stacked previous carry value (name) whose next value is itself stacked (value): the
+    # previous values are that stack one step behind, copied in one call after the loop.
+    behind: dict[str, str]
 
 
 def plan_scan(body: GraphSchedule, steps: list[Launch | Gemm], stacked: tuple[str, ...],
@@ -72,9 +79,20 @@ def plan_scan(body: GraphSchedule, steps: list[Launch | Gemm], stacked: tuple[st
     pairs = {key: shape for key, shape in made.items() if key not in into_stack}
     copied = {name: body.outputs[name].shape for name in carries
               if body.outputs[name].source not in made}
+    reads = {(s.slot, 0): s.name for s in body.steps if s.op is ARG}
+    shifted: dict[Key, str] = {}
+    behind: dict[str, str] = {}
+    for name in stacked:
+        carry = reads.get(body.outputs[name].source)
+        if carry in carries and carry not in copied:
+            key = body.outputs[carry].source
+            if key in into_stack:
+                behind[name] = into_stack[key]
+            elif key not in shifted:
+                shifted[key] = name
     copy_stacked = tuple(name for name in stacked
                          if into_stack.get(body.outputs[name].source) != name)
-    return ScanPlan(into_stack, pairs, copied, copy_stacked)
+    return ScanPlan(into_stack, pairs, copied, copy_stacked, shifted, behind)
 
 
 class Host:
@@ -183,6 +201,8 @@ class Host:
         local = {name: env[name] for name in scan.consts}
         carry = {c.name: env[c.init] for c in scan.carries}
         T = dims["T"]
+        shifted, behind = scan_plan.shifted, scan_plan.behind
+        later = set(shifted.values()) | set(behind)
         for step, t in enumerate(range(T - 1, -1, -1) if scan.reverse else range(T)):
             local.update({name: env[name][t] for name in scan.seqs})
             local.update(carry)
@@ -191,10 +211,14 @@ class Host:
             def destination(key: Key, shape: Shape, t: int = t, step: int = step) -> Any:
                 if key in scan_plan.into_stack:
                     return out[scan_plan.into_stack[key]][t]
+                if key in shifted and step < T - 1:
+                    return out[shifted[key]][t - 1 if scan.reverse else t + 1]
                 return pairs[key][step % 2]
 
             results = self.run_graph(plan, at, self.schedule.body, local, dims, destination)
             for name in scan_plan.copy_stacked:
+                if step and name in later:
+                    continue  # the previous step wrote it there, or the copy after the loop
                 plan.record(replace(at, kind="copy"), xp.copyto, out[name][t], results[name])
             for name in scan.summed:
                 plan.record(replace(at, kind="add"), xp.add, out[name], results[name],
@@ -206,6 +230,11 @@ class Host:
                     carry[c.name] = copied[c.name][step % 2]
                 else:
                     carry[c.name] = results[c.name]
+        for name, value in behind.items():
+            if T > 1:
+                dst, src = (out[name][:-1], out[value][1:]) if scan.reverse else \
+                    (out[name][1:], out[value][:-1])
+                plan.record(Entry("post", "copy"), xp.copyto, dst, src)
         for c in scan.carries:
             if c.final is not None:
                 out[c.final] = carry[c.name]

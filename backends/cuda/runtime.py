@@ -12,7 +12,9 @@ A call runs a launch plan (:mod:`.plan`), built the first time a shape is seen a
 :data:`~.plan.MAX_PLANS` most recently used per runner): the device arrays of the inputs, of
 every intermediate and of the results, and every kernel launch and GEMM already resolved. A
 call copies its NumPy inputs into the plan's input arrays, makes the plan's calls in order (on
-a GPU on the runner's own stream) and copies the results out. Calls on one runner take turns.
+a GPU on the runner's own stream) and copies the results out. On a GPU the copies go through
+page-locked host buffers the plan keeps, one per input and result. Calls on one runner take
+turns.
 
 ``graph=True`` (GPU only in effect): after a shape's first call (which also compiles CuPy's own
 kernels and creates the cuBLAS handle, which cannot happen inside a capture) the plan is
@@ -147,7 +149,9 @@ class Runner:
         """Copy in on ``stream``, launch the plan (replaying its CUDA graph with graph=True,
         capturing it after the first call), copy out."""
         for name, value in env.items():
-            plan.inputs[name].set(np.ascontiguousarray(value), stream=stream)
+            staged = self._pinned(plan, ("in", name), plan.inputs[name])
+            np.copyto(staged, value)
+            plan.inputs[name].set(staged, stream=stream)
         if plan.graph is not None:
             plan.graph.launch(stream)
         else:
@@ -155,10 +159,22 @@ class Runner:
             if self.backend.graph and not plan.captured:
                 plan.captured = True
                 plan.graph = self._capture(stream, plan)
-        results = {name: value.get(stream=stream) for name, value in plan.results.items()}
+        staged = {name: value.get(stream=stream, out=self._pinned(plan, ("out", name), value))
+                  for name, value in plan.results.items()}
         stream.synchronize()
+        results = {name: np.array(value) for name, value in staged.items()}
         self._count(env, results)
         return results
+
+    def _pinned(self, plan: Plan, key: tuple[str, str], like: Any) -> np.ndarray:
+        """The plan's page-locked host buffer ``key`` shaped like the device array ``like``:
+        copies from and to it run at full speed and asynchronously on the stream."""
+        buffer = plan.staging.get(key)
+        if buffer is None:
+            import cupyx
+
+            buffer = plan.staging[key] = cupyx.empty_pinned(like.shape, like.dtype)
+        return buffer
 
     def _count(self, env: Mapping[str, np.ndarray], results: Mapping[str, np.ndarray]) -> None:
         self.transfers = {"to_device": sum(np.asarray(v).nbytes for v in env.values()),
