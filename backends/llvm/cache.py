@@ -58,7 +58,14 @@ def _new_target_machine() -> llvm.TargetMachine:
 
 @cache
 def target_machine() -> llvm.TargetMachine:
-    """The host CPU's target machine at opt level 3, for compiling (never given away)."""
+    """The host CPU's target machine at opt level 3, for compiling (never given away).
+
+    First use also caps LLVM's loop peeling at 0 iterations, for the whole process: LLVM 22
+    (llvmlite 0.50) aborts the process on some loops whose last iteration it decides to peel
+    (an assertion in ``LoopPeel.cpp``; the slow fuzz found one, seed 4469, kept as a test in
+    ``tests/backends/test_llvm_peeling.py``). rnnc's loops gain nothing from peeling. The
+    option is global to LLVM, so other users of llvmlite in the process (numba) see it too."""
+    llvm.set_option("rnnc", "-unroll-peel-max-count=0")
     return _new_target_machine()
 
 
