@@ -126,11 +126,6 @@ class Runner:
             with self._stream:
                 return self._on_device(plan, env, self._stream)
 
-    def plan(self, env: Mapping[str, np.ndarray], dims: Mapping[str, int]) -> Plan:
-        """The launch plan a call on ``env`` with sizes ``dims`` runs (built if new)."""
-        with self._lock:
-            return self.plans.get(shape_key(env, dims), lambda: self._new_plan(env, dims))
-
     def _new_plan(self, env: Mapping[str, np.ndarray], dims: Mapping[str, int]) -> Plan:
         inputs = {n: self.xp.empty(np.shape(v), np.asarray(v).dtype) for n, v in env.items()}
         return self.host.plan(inputs, dims)
