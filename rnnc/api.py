@@ -10,14 +10,15 @@ from typing import Any
 
 import numpy as np
 
-from rnnc import backends, passes, philox, validate
+from rnnc import backends, passes, philox, second_order, validate
+from rnnc.device import Device, device_of, device_params, is_device
 from rnnc.dsl import Cell
 from rnnc.dsl_random import draws_masks
 from rnnc.errors import RnncTypeError, RnncValueError
-from rnnc.grads import NP, Grads, InputGrads, Tape, cotangent_env, cotangents, input_cotangents
+from rnnc.grads import NP, Grads, InputGrads, Tape, cotangent_env, cotangents
 from rnnc.ir import Program, retype
 from rnnc.layout import Layout
-from rnnc.names import MASK, cotangent, final_state, gradient
+from rnnc.names import MASK, final_state, gradient
 from rnnc.passes.autodiff import check_save_plans, save_plans
 from rnnc.printer import format_program
 
@@ -134,7 +135,15 @@ class Function:
         """Named views into a flat buffer."""
         return self.layout.unpack(flat)
 
-    def _param_blocks(self, params: Any, dtype: str) -> dict[str, np.ndarray]:
+    def _param_blocks(self, params: Any, dtype: str, device: Device | None = None
+                      ) -> dict[str, np.ndarray]:
+        if device is not None and (device.holds(params) or isinstance(params, Mapping) and any(
+                device.holds(v) for v in params.values())):
+            return device_params(self.layout, self.params, params, dtype, device)
+        if is_device(params):
+            raise RnncTypeError("the flat parameter buffer is a device array, but this call runs "
+                                "on the host: pass the input sequence on the device too (with "
+                                "backend='cuda'), or the parameters on the host")
         if isinstance(params, np.ndarray):
             self.layout.check_flat(params)
             params = validate.native(params)
@@ -156,20 +165,23 @@ class Function:
 
     def _prepare(self, x: Any, params: Any, states: Any, lengths: Any, seed: Any = None):
         seed = self._seed(seed)
-        xs, dtype, T, B = validate.sequences(self.inputs, x)
+        device = device_of(self.backend, x)
+        xs, dtype, T, B = validate.sequences(self.inputs, x, device)
         validate.params_dtype(x, params, dtype)
         env: dict[str, np.ndarray] = dict(xs)
-        env.update(self._param_blocks(params, dtype))
-        given = validate.named_arrays("state", self.states, states, dtype, B, False, T=T)
+        env.update(self._param_blocks(params, dtype, device))
+        given = validate.named_arrays("state", self.states, states, dtype, B, False, T=T,
+                                      device=device)
         lens = validate.lengths(lengths, T, B)
         validate.call_memory(self._new_arrays(T, B, given), dtype, validate.physical_memory())
+        zeros = np.zeros if device is None else device.zeros
         for name, shape in self.states.items():
-            env[name] = given.get(name, np.zeros((B, shape[-1]), NP[dtype]))
+            env[name] = given.get(name, zeros((B, shape[-1]), NP[dtype]))
         if lens is not None:
             env[MASK] = validate.mask(lens, T, dtype)
         if self.draws_masks:
             env.update(philox.random_env(seed, T, B, NP[dtype]))
-        return env, dtype, T, B, lens, seed
+        return env, dtype, T, B, lens, seed, device
 
     @cached_property
     def _output_sizes(self) -> dict[str, int]:
@@ -195,36 +207,45 @@ class Function:
         ys = {name: res[name] for name in self.outputs}
         return ys, {s: res[final_state(s)] for s in self.states}
 
-    def _empty(self, env, dtype, B):
-        ys = {n: np.zeros((0, B, self._output_sizes[n]),
-                          NP[dtype]) for n in self.outputs}
+    def _empty(self, env, dtype, B, device: Device | None):
+        zeros = np.zeros if device is None else device.zeros
+        ys = {n: zeros((0, B, self._output_sizes[n]), NP[dtype]) for n in self.outputs}
         return ys, {s: env[s].copy() for s in self.states}
+
+    @staticmethod
+    def _run(runner: Any, env: dict[str, Any], T: int, B: int, device: Device | None
+             ) -> dict[str, Any]:
+        """One backend call; a device call's results stay on the device."""
+        if device is not None:
+            return runner.on_device(env, {"T": T, "B": B})
+        return runner(env, {"T": T, "B": B})
 
     def __call__(self, x: Any, params: Any, states: Any = None, lengths: Any = None,
                  seed: Any = None):
         """Inference over a whole sequence: ``(outputs, final_states)``. ``seed`` (an int in
         [0, 2**64)) keys the masks of a cell that draws them (``rnnc.bernoulli``)."""
-        env, dtype, T, B, lens, _ = self._prepare(x, params, states, lengths, seed)
+        env, dtype, T, B, lens, _, device = self._prepare(x, params, states, lengths, seed)
         if T == 0:
-            return self._empty(env, dtype, B)
+            return self._empty(env, dtype, B, device)
         run = self._runner("inference", dtype, lens is not None)
-        return self._split(run(env, {"T": T, "B": B}))
+        return self._split(self._run(run, env, T, B, device))
 
     def forward(self, x: Any, params: Any, states: Any = None, lengths: Any = None,
                 seed: Any = None):
         """Training forward: ``(outputs, final_states, tape)``; the tape keeps ``seed``, so
         backward regenerates the same masks."""
-        env, dtype, T, B, lens, seed = self._prepare(x, params, states, lengths, seed)
+        env, dtype, T, B, lens, seed, device = self._prepare(x, params, states, lengths, seed)
         if T == 0:
-            ys, st = self._empty(env, dtype, B)
-            return ys, st, Tape(self, dtype, 0, B, env, lens, seed)
-        res = self._runner("forward", dtype, lens is not None)(env, {"T": T, "B": B})
+            ys, st = self._empty(env, dtype, B, device)
+            return ys, st, Tape(self, dtype, 0, B, env, lens, seed, device)
+        res = self._run(self._runner("forward", dtype, lens is not None), env, T, B, device)
         ys, st = self._split(res)
         saved = {n: res[n] for n in self._saved("forward", dtype, lens is not None)}
         for arr in saved.values():  # backward may run many times: nothing may change them
-            arr.flags.writeable = False
+            if isinstance(arr, np.ndarray):  # (CuPy arrays have no read-only flag)
+                arr.flags.writeable = False
         env.update(saved)
-        return ys, st, Tape(self, dtype, T, B, env, lens, seed)
+        return ys, st, Tape(self, dtype, T, B, env, lens, seed, device)
 
     def backward(self, tape: Tape, d_outputs: Mapping[str, Any] | None = None,
                  d_states: Mapping[str, Any] | None = None) -> Grads:
@@ -238,15 +259,15 @@ class Function:
         if tape.T == 0:
             return self._zero_grads(tape, d_st)
         env = {**tape.env, **cotangent_env(d_out, d_st)}
-        res = self._runner("backward", tape.dtype, tape.lengths is not None)(
-            env, {"T": tape.T, "B": tape.B})
+        res = self._run(self._runner("backward", tape.dtype, tape.lengths is not None), env,
+                        tape.T, tape.B, tape.device)
         return self._grads(tape, (res,), res)
 
     def _upstream(self, tape: Tape, d_outputs: Any, d_states: Any
                   ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """The cotangents of the outputs and of the final states (omitted ones zero)."""
         out_shapes = {n: ("T", "B", self._output_sizes[n]) for n in self.outputs}
-        args = (tape.dtype, tape.T, tape.B)
+        args = (tape.dtype, tape.T, tape.B, tape.device)
         return (cotangents("output gradient", out_shapes, d_outputs, *args),
                 cotangents("state gradient", self.states, d_states, *args))
 
@@ -256,7 +277,8 @@ class Function:
         depend on has no gradient in any of them, so it is zero; ``states`` holds those of the
         initial states."""
         dt = NP[tape.dtype]
-        flat = np.zeros(self.layout.size, dt)
+        zeros = np.zeros if tape.device is None else tape.device.zeros
+        flat = zeros(self.layout.size, dt)
         for name, view in self.layout.block_views(flat).items():
             for res in results:
                 if gradient(name) in res:
@@ -266,7 +288,7 @@ class Function:
             terms = [r[gradient(n)] for r in results if gradient(n) in r]
             if n not in self.no_grad:
                 gx[n] = terms[0] if len(terms) == 1 else \
-                    sum(terms, np.zeros((tape.T, tape.B, s[-1]), dt))
+                    sum(terms, zeros((tape.T, tape.B, s[-1]), dt))
         x = InputGrads(gx, self.no_grad) if len(self.inputs) > 1 else \
             next(iter(gx.values()), None)
         return Grads(x, self.layout.unpack(flat),
@@ -281,70 +303,10 @@ class Function:
                         d_states: Mapping[str, Any] | None, g_x: Mapping[str, Any] | None,
                         g_params: Mapping[str, Any] | None, g_states: Mapping[str, Any] | None
                         ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], Grads]:
-        """The derivative of ``backward(tape, d_outputs, d_states)``.
-
-        ``g_x`` (by input name; none for an input declared ``grad=False``), ``g_params`` and
-        ``g_states`` are cotangents of the ``Grads`` that backward returns (omitted entries
-        are zero). Returns the cotangents of
-        backward's arguments: ``(of d_outputs, of d_states, Grads)``, where ``Grads`` holds
-        those of the forward's ``x``, ``params`` and initial ``states``. The backward reads
-        them directly and through the values the forward saved, so this runs the backward of
-        the backward program ("backward.backward"), then the forward's backward with the
-        saved values' cotangents ("forward.backward"), each after the training forward
-        ("backward.forward", "forward.forward") that saves what it reads.
-        """
-        if not isinstance(tape, Tape) or tape.owner is not self:
-            raise RnncValueError("double_backward() takes a tape from this function's forward()")
-        dtype, T, B = tape.dtype, tape.T, tape.B
-        d_out, d_st = self._upstream(tape, d_outputs, d_states)
-        u_x = input_cotangents(self.inputs, self.no_grad, g_x, dtype, T, B)
-        u_st = cotangents("state gradient cotangent", self.states, g_states, dtype, T, B)
-        u_flat = self.layout.pack({n: np.asarray(g_params[n]) if g_params and n in g_params
-                                   else np.zeros(s, NP[dtype]) for n, s in self.params.items()},
-                                  NP[dtype])
-        if T == 0:  # backward passed d_states through: so does its derivative
-            zero = self._zero_grads(tape, {s: np.zeros_like(v) for s, v in d_st.items()})
-            return ({n: np.zeros_like(v) for n, v in d_out.items()}, u_st, zero)
-        u_params = self.layout.block_views(u_flat)
-        direct = self._backward_of_backward(tape, cotangent_env(d_out, d_st),
-                                            {**u_x, **u_st, **u_params})
-        through = self._backward_through_saves(tape, d_out, d_st, direct)
-        dd_out = {n: direct.get(gradient(cotangent(n)), np.zeros_like(v))
-                  for n, v in d_out.items()}
-        dd_st = {s: direct.get(gradient(cotangent(final_state(s))), np.zeros_like(v))
-                 for s, v in d_st.items()}
-        return dd_out, dd_st, self._grads(tape, (direct, through), through)
-
-    def _second_order(self, mode: str, tape: Tape, env: dict[str, np.ndarray]
-                      ) -> dict[str, np.ndarray]:
-        """Run the second-order ``mode`` ("a.backward") on ``env`` after "a.forward" has
-        stacked what it reads."""
-        masked, dims = tape.lengths is not None, {"T": tape.T, "B": tape.B}
-        writer = mode.rsplit(".", 1)[0] + ".forward"
-        stacked = self._runner(writer, tape.dtype, masked)(env, dims)
-        env = {**env, **{n: stacked[n] for n in self._saved(writer, tape.dtype, masked)}}
-        return self._runner(mode, tape.dtype, masked)(env, dims)
-
-    def _backward_of_backward(self, tape: Tape, cotangents: dict[str, np.ndarray],
-                              of_grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The backward program's own backward: given the cotangents ``of_grads`` of its
-        results (by the names of what they are gradients of), the gradients of its inputs."""
-        env = {**tape.env, **cotangents}
-        env.update({cotangent(gradient(n)): v for n, v in of_grads.items()})
-        return self._second_order("backward.backward", tape, env)
-
-    def _backward_through_saves(self, tape: Tape, d_out: dict[str, np.ndarray],
-                                d_st: dict[str, np.ndarray], direct: Mapping[str, np.ndarray]
-                                ) -> dict[str, np.ndarray]:
-        """The forward's backward given the cotangents ``direct`` found for its saved values:
-        how they flow back to x, params and states."""
-        zeros = cotangent_env({n: np.zeros_like(v) for n, v in d_out.items()},
-                               {n: np.zeros_like(v) for n, v in d_st.items()})
-        saved = self._saved("forward", tape.dtype, tape.lengths is not None)
-        env = {**tape.env, **zeros}
-        env.update({cotangent(n): direct.get(gradient(n), np.zeros_like(tape.env[n]))
-                    for n in saved})
-        return self._second_order("forward.backward", tape, env)
+        """The derivative of ``backward(tape, d_outputs, d_states)``: see
+        :func:`rnnc.second_order.double_backward`."""
+        return second_order.double_backward(self, tape, d_outputs, d_states, g_x, g_params,
+                                            g_states)
 
 
 def compile(cell: Cell, backend: str = "numpy", *, optimize: bool = True,  # noqa: A001

@@ -31,6 +31,7 @@ class Tape:
     env: dict[str, np.ndarray]  # with rng.key and rng.counter when the cell draws masks
     lengths: np.ndarray | None
     seed: int | None = None  # the forward's seed: backward draws the same masks from it
+    device: Any = None  # a device call's device (rnnc.device.Device): env lives there
 
 
 @dataclass
@@ -75,13 +76,15 @@ def cotangent_env(d_out: Mapping[str, np.ndarray], d_st: Mapping[str, np.ndarray
     return env
 
 
-def cotangents(kind: str, shapes: Mapping[str, tuple], given: Any, dtype: str, T: int, B: int
-               ) -> dict[str, np.ndarray]:
-    """Upstream gradients by name; omitted entries are zero."""
+def cotangents(kind: str, shapes: Mapping[str, tuple], given: Any, dtype: str, T: int, B: int,
+               device: Any = None) -> dict[str, np.ndarray]:
+    """Upstream gradients by name; omitted entries are zero (on ``device`` in a device
+    call)."""
     concrete = {n: tuple(T if d == "T" else B if d == "B" else d for d in s)
                 for n, s in shapes.items()}
-    out = validate.named_arrays(kind, concrete, given, dtype, B, False)
-    return {n: out[n] if n in out else np.zeros(s, NP[dtype]) for n, s in concrete.items()}
+    out = validate.named_arrays(kind, concrete, given, dtype, B, False, device=device)
+    zeros = np.zeros if device is None else device.zeros
+    return {n: out[n] if n in out else zeros(s, NP[dtype]) for n, s in concrete.items()}
 
 
 def input_cotangents(inputs: Mapping[str, tuple], no_grad: tuple[str, ...], given: Any,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rnnc.device import is_device
 from rnnc.errors import RnncTypeError, RnncValueError
 
 
@@ -76,7 +77,7 @@ class Layout:
         return flat
 
     def check_flat(self, flat: object) -> None:
-        if not isinstance(flat, np.ndarray):
+        if not isinstance(flat, np.ndarray) and not is_device(flat):
             raise RnncTypeError(f"a flat parameter buffer must be a NumPy array, got "
                                 f"{type(flat).__name__}")
         if flat.ndim != 1 or flat.shape[0] != self.size:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from rnnc.device import Device, is_device
 from rnnc.errors import RnncTypeError, RnncValueError
 
 FLOAT_DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
@@ -46,11 +47,18 @@ def _from_torch(t: Any, what: str) -> np.ndarray:
     return t.numpy()
 
 
-def as_array(value: Any, what: str) -> np.ndarray:
+def as_array(value: Any, what: str, device: Device | None = None) -> Any:
     """``value`` as a native-byte-order NumPy array, or an RnncError naming ``what`` and the
-    conversion that fixes it (a ragged list, a torch tensor that requires grad, ...)."""
+    conversion that fixes it (a ragged list, a torch tensor that requires grad, ...). In a
+    device call (``device``), a device array becomes one of ``device``'s arrays."""
+    if device is not None and device.holds(value):
+        return device.adopt(value, what)
     if isinstance(value, np.ndarray):
         return native(value)
+    if is_device(value) and not _is_torch_tensor(value):
+        raise RnncTypeError(f"{what} is a device array ({type(value).__name__}), but this call "
+                            f"runs on the host: pass a host array (.get() for CuPy), or pass "
+                            f"the input sequence on the device too, with backend='cuda'")
     if _is_torch_tensor(value):
         return native(_from_torch(value, what))
     if isinstance(value, (list, tuple)):
@@ -88,12 +96,13 @@ def float_dtype(arr: np.ndarray, what: str) -> str:
 def contiguous(arr: np.ndarray, what: str) -> np.ndarray:
     """Inputs are copied to C order when they are not, or when misaligned (never written, so a
     copy is safe; a fresh array is aligned)."""
-    if not arr.flags.c_contiguous or not arr.flags.aligned:
+    if isinstance(arr, np.ndarray) and (not arr.flags.c_contiguous or not arr.flags.aligned):
         arr = np.array(arr, order="C", copy=True)
     return arr
 
 
-def sequences(sizes: Mapping[str, tuple], x: Any) -> tuple[dict[str, np.ndarray], str, int, int]:
+def sequences(sizes: Mapping[str, tuple], x: Any, device: Device | None = None
+              ) -> tuple[dict[str, np.ndarray], str, int, int]:
     """Check the input sequence(s); return them by name with dtype, T and B."""
     names = list(sizes)
     if isinstance(x, Mapping):
@@ -111,7 +120,7 @@ def sequences(sizes: Mapping[str, tuple], x: Any) -> tuple[dict[str, np.ndarray]
     out: dict[str, np.ndarray] = {}
     dtype = T = B = None
     for name, value in given.items():
-        arr = as_array(value, f"input {name!r}")
+        arr = as_array(value, f"input {name!r}", device)
         n = sizes[name][-1]
         if arr.ndim != 3:
             raise RnncValueError(f"input {name!r} must have shape (T, B, {n}), got {arr.shape}")
@@ -171,7 +180,8 @@ def dtype_mismatch(name: str, value: Any, got: str, want: str, other: str, other
 
 
 def named_arrays(kind: str, sizes: Mapping[str, tuple], given: Any, dtype: str,
-                 B: int | None, required: bool, T: int | None = None) -> dict[str, np.ndarray]:
+                 B: int | None, required: bool, T: int | None = None,
+                 device: Device | None = None) -> dict[str, np.ndarray]:
     """Check a dict of parameters, states or gradients against the expected shapes.
 
     ``T``, when given, is the input's first axis: a state whose batch is ``T`` rather than
@@ -189,7 +199,7 @@ def named_arrays(kind: str, sizes: Mapping[str, tuple], given: Any, dtype: str,
             if required:
                 raise RnncValueError(f"missing {kind} {name!r} (shape {_concrete(shape, B)})")
             continue
-        arr = as_array(given[name], f"{kind} {name!r}")
+        arr = as_array(given[name], f"{kind} {name!r}", device)
         want = _concrete(shape, B)
         if arr.shape != want:
             hint = ""

@@ -41,7 +41,7 @@ def layer(module: str) -> int:
         return 3
     if top in ("passes", "backends"):
         return 1
-    if top in ("api", "check", "layers"):
+    if top in ("api", "check", "layers", "second_order"):
         return 2
     return 0
 

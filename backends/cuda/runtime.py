@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from rnnc.backends.cuda.codegen import render
+from rnnc.backends.cuda.device import CudaDevice, EmulatedArray
 from rnnc.backends.cuda.host import Host
 from rnnc.backends.cuda.plan import Plan, Plans, shape_key
 from rnnc.backends.schedule import schedule_program
@@ -72,6 +73,8 @@ class CudaBackend:
         self.emulate = bool(emulate)
         self.graph = bool(graph)
         self.cupy = None if self.emulate else load_cupy()
+        # Device calls (docs/device-calls.md): how the API adopts and makes device arrays.
+        self.device = CudaDevice(self.xp, self.emulate)
 
     @property
     def xp(self) -> Any:
@@ -113,40 +116,62 @@ class Runner:
         self._lock = threading.Lock()
         self._stream: Any = None
 
-    # -- the API's entry point
+    # -- the API's entry points
     def __call__(self, env: Mapping[str, np.ndarray], dims: Mapping[str, int]
                  ) -> dict[str, np.ndarray]:
         """Run over ``env`` (NumPy arrays by name) for sizes ``dims``; NumPy results by name."""
+        return self._call(env, dims, on_device=False)
+
+    def on_device(self, env: Mapping[str, Any], dims: Mapping[str, int]) -> dict[str, Any]:
+        """Run a device call: ``env`` holds device arrays (copied on the device into the
+        plan's inputs) and host arrays (uploaded); the results are new device arrays."""
+        return self._call(env, dims, on_device=True)
+
+    def _call(self, env: Mapping[str, Any], dims: Mapping[str, int], on_device: bool
+              ) -> dict[str, Any]:
         with self._lock:
             plan = self.plans.get(shape_key(env, dims), lambda: self._new_plan(env, dims))
-            if self.backend.cupy is None:
-                return self._emulated(plan, env)
+            cupy = self.backend.cupy
+            if cupy is None:
+                return self._emulated(plan, env, on_device)
             if self._stream is None:
-                self._stream = self.backend.cupy.cuda.Stream(non_blocking=True)
-            with self._stream:
-                return self._on_device(plan, env, self._stream)
+                self._stream = cupy.cuda.Stream(non_blocking=True)
+            stream, caller = self._stream, cupy.cuda.get_current_stream()
+            # The caller's stream may still be writing its device inputs: wait for it there,
+            # and make it wait for the results, without stopping the host.
+            stream.wait_event(caller.record())
+            with stream:
+                results = self._on_device(plan, env, stream, on_device)
+            if on_device:
+                caller.wait_event(stream.record())
+            return results
 
-    def _new_plan(self, env: Mapping[str, np.ndarray], dims: Mapping[str, int]) -> Plan:
-        inputs = {n: self.xp.empty(np.shape(v), np.asarray(v).dtype) for n, v in env.items()}
+    def _new_plan(self, env: Mapping[str, Any], dims: Mapping[str, int]) -> Plan:
+        inputs = {n: self.xp.empty(tuple(v.shape), v.dtype) for n, v in env.items()}
         return self.host.plan(inputs, dims)
 
-    def _emulated(self, plan: Plan, env: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _emulated(self, plan: Plan, env: Mapping[str, Any], on_device: bool) -> dict[str, Any]:
         """Copy in, run the plan, copy out: what a GPU call does, in host memory."""
         for name, value in env.items():
             np.copyto(plan.inputs[name], value)
         plan.run()
-        results = {name: np.array(value) for name, value in plan.results.items()}
-        self._count(env, results)
+        kind = EmulatedArray if on_device else np.ndarray
+        results = {name: np.array(value).view(kind) for name, value in plan.results.items()}
+        self._count(env, {} if on_device else results)
         return results
 
-    def _on_device(self, plan: Plan, env: Mapping[str, np.ndarray], stream: Any
-                   ) -> dict[str, np.ndarray]:
-        """Copy in on ``stream``, launch the plan (replaying its CUDA graph with graph=True,
-        capturing it after the first call), copy out."""
+    def _on_device(self, plan: Plan, env: Mapping[str, Any], stream: Any, on_device: bool
+                   ) -> dict[str, Any]:
+        """Copy in on ``stream`` (host arrays through pinned buffers, device arrays on the
+        device), launch the plan (replaying its CUDA graph with graph=True, capturing it after
+        the first call), copy out (device calls: into new device arrays)."""
         for name, value in env.items():
-            staged = self._pinned(plan, ("in", name), plan.inputs[name])
-            np.copyto(staged, value)
-            plan.inputs[name].set(staged, stream=stream)
+            if isinstance(value, np.ndarray):
+                staged = self._pinned(plan, ("in", name), plan.inputs[name])
+                np.copyto(staged, value)
+                plan.inputs[name].set(staged, stream=stream)
+            else:
+                self.backend.cupy.copyto(plan.inputs[name], value)
         if plan.graph is not None:
             plan.graph.launch(stream)
         else:
@@ -154,6 +179,10 @@ class Runner:
             if self.backend.graph and not plan.captured:
                 plan.captured = True
                 plan.graph = self._capture(stream, plan)
+        if on_device:
+            results = {name: value.copy() for name, value in plan.results.items()}
+            self._count(env, {})
+            return results
         staged = {name: value.get(stream=stream, out=self._pinned(plan, ("out", name), value))
                   for name, value in plan.results.items()}
         stream.synchronize()
@@ -171,8 +200,9 @@ class Runner:
             buffer = plan.staging[key] = cupyx.empty_pinned(like.shape, like.dtype)
         return buffer
 
-    def _count(self, env: Mapping[str, np.ndarray], results: Mapping[str, np.ndarray]) -> None:
-        self.transfers = {"to_device": sum(np.asarray(v).nbytes for v in env.values()),
+    def _count(self, env: Mapping[str, Any], results: Mapping[str, np.ndarray]) -> None:
+        """Bytes copied to the device (host arrays of ``env``) and back (``results``)."""
+        self.transfers = {"to_device": sum(v.nbytes for v in env.values() if _on_host(v)),
                           "to_host": sum(v.nbytes for v in results.values())}
 
     def _capture(self, stream: Any, plan: Plan) -> Any:
@@ -190,3 +220,8 @@ class Runner:
                 pass
             return None
         return stream.end_capture()
+
+
+def _on_host(value: Any) -> bool:
+    """Whether a call's array is host memory (emulated device arrays are not)."""
+    return isinstance(value, np.ndarray) and not isinstance(value, EmulatedArray)
