@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 MAX_ENTRY_BYTES = 64 << 20  # larger entries are neither written nor read
+# The default bound of one cache directory's entries, in MiB ($RNNC_DISK_CACHE_MB overrides).
+DISK_CACHE_MB = 2048
 MAGIC = b"RNNC-CACHE-ENTRY-2\n"
 SUFFIX = ".entry"
 SECRET_NAME = ".rnnc-secret"
@@ -269,6 +271,8 @@ class DiskCache:
         entry = None if secret is None else self._decode(secret, data, key, fingerprint)
         if entry is None:
             discard(path)
+        else:
+            _touch(path)
         return entry
 
     def store(self, key: str, fingerprint: str, meta: dict[str, Any], payload: bytes) -> bool:
@@ -288,7 +292,10 @@ class DiskCache:
         data = body + hmac.new(secret, body, hashlib.sha256).digest()
         if len(data) > MAX_ENTRY_BYTES:
             return False
-        return write_file(path, data)
+        if not write_file(path, data):
+            return False
+        trim(directory, disk_bound(), keep=path)
+        return True
 
     def discard(self, key: str) -> None:
         """Delete the entry for ``key`` (one that decoded but could not be used)."""
@@ -318,3 +325,56 @@ class DiskCache:
                 any(header.get(name) != value for name, value in expected.items()):
             return None
         return Entry(header["meta"], payload)
+
+
+def disk_bound() -> int:
+    """The bound of one cache directory's entries in bytes: ``$RNNC_DISK_CACHE_MB`` (MiB, a
+    number >= 0) or :data:`DISK_CACHE_MB`; a malformed value warns once and is ignored."""
+    value = os.environ.get("RNNC_DISK_CACHE_MB", "").strip()
+    if value:
+        try:
+            mib = float(value)
+            if mib >= 0 and mib == mib:
+                return int(mib * (1 << 20))
+        except ValueError:
+            pass
+        if "RNNC_DISK_CACHE_MB" not in _warned:
+            _warned.add("RNNC_DISK_CACHE_MB")
+            warnings.warn(f"RNNC_DISK_CACHE_MB={value!r} is not a number of MiB >= 0; using "
+                          f"the default {DISK_CACHE_MB}", CacheWarning, stacklevel=3)
+    return DISK_CACHE_MB << 20
+
+
+def _touch(path: Path) -> None:
+    """Mark an entry as just used (its modification time orders eviction)."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def trim(directory: Path, bound: int, keep: Path | None = None) -> int:
+    """Delete the least recently used entries of ``directory`` (by modification time: written
+    or read) until their total size is at most ``bound`` bytes; never ``keep``, the entry
+    just written. Returns the number deleted. Entries only: the secret and temporary files
+    are left alone."""
+    entries = []
+    try:
+        with os.scandir(directory) as found:
+            for item in found:
+                if item.name.endswith(SUFFIX) and item.is_file(follow_symlinks=False):
+                    info = item.stat(follow_symlinks=False)
+                    entries.append((info.st_mtime_ns, info.st_size, Path(item.path)))
+    except OSError:
+        return 0
+    total = sum(size for _, size, _ in entries)
+    deleted = 0
+    for _, size, path in sorted(entries, key=lambda e: e[0]):
+        if total <= bound:
+            break
+        if keep is not None and path == keep:
+            continue
+        discard(path)
+        total -= size
+        deleted += 1
+    return deleted
