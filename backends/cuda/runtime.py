@@ -22,6 +22,8 @@ captured once with ``Stream.begin_capture``/``end_capture`` and later calls repl
 ``graph.launch``. If the capture fails (a CuPy or driver that cannot capture cuBLAS), that
 shape runs its plan call by call instead. In emulation the plan runs call by call, which is
 what a replay does.
+
+``precision="tf32"`` runs float32 GEMMs in TensorFloat-32 (:mod:`.precision`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from rnnc.backends.cuda import precision as precision_module
 from rnnc.backends.cuda.codegen import render
 from rnnc.backends.cuda.device import CudaDevice, EmulatedArray
 from rnnc.backends.cuda.host import Host
@@ -66,12 +69,14 @@ class CudaBackend:
 
     name = "cuda"
 
-    def __init__(self, emulate: bool = False, graph: bool = False, **options: Any) -> None:
+    def __init__(self, emulate: bool = False, graph: bool = False, precision: str = "highest",
+                 **options: Any) -> None:
         if options:
-            raise RnncValueError(f"backend 'cuda' takes emulate= and graph=, got "
+            raise RnncValueError(f"backend 'cuda' takes emulate=, graph= and precision=, got "
                                  f"{sorted(options)}")
         self.emulate = bool(emulate)
         self.graph = bool(graph)
+        self.precision = precision_module.check(precision)
         self.cupy = None if self.emulate else load_cupy()
         # Device calls (docs/device-calls.md): how the API adopts and makes device arrays.
         self.device = CudaDevice(self.xp, self.emulate)
@@ -109,7 +114,10 @@ class Runner:
         self.dtype = schedule.numpy_dtype
         self.loaded = backend.load(module.source, module.kernels)
         kernels = {name: self.loaded.get_function(name) for name in module.kernels}
-        self.host = Host(self.xp, schedule, module, kernels)
+        # TF32 GEMMs (backends/cuda/precision.py): float32 programs only.
+        self.tf32 = backend.precision == "tf32" and self.dtype == np.float32
+        xp = precision_module.Tf32Numpy() if self.tf32 and backend.cupy is None else self.xp
+        self.host = Host(xp, schedule, module, kernels)
         self.plans = Plans()
         self.transfers = {"to_device": 0, "to_host": 0}
         # One call at a time: a plan's buffers serve every call of its shape.
@@ -140,7 +148,7 @@ class Runner:
             # The caller's stream may still be writing its device inputs: wait for it there,
             # and make it wait for the results, without stopping the host.
             stream.wait_event(caller.record())
-            with stream:
+            with stream, precision_module.tf32_gemms(cupy, self.tf32):
                 results = self._on_device(plan, env, stream, on_device)
             if on_device:
                 caller.wait_event(stream.record())
