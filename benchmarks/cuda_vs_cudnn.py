@@ -1,14 +1,25 @@
-"""Time rnnc's CUDA backend against cuDNN (PyTorch nn.LSTM/nn.GRU on the GPU), in one run.
+"""Time rnnc's CUDA backend against cuDNN, jax.lax.scan and a PyTorch eager loop on one GPU.
 
-``python benchmarks/cuda_vs_cudnn.py [--configs C1,C2,C3,C4] [--cells lstm,gru] [--graph]``
+``python benchmarks/cuda_vs_cudnn.py [--configs C1,C2,C3,C4] [--cells lstm,gru,ln_lstm,...]
+[--modes inference,training] [--graph] [--precision tf32]``
 
-Configurations C1-C4 of docs/benchmarks.md, float32, inference and training (forward + backward of
-sum(y)); medians (min-max) of ``--reps`` timed calls after ``--warmup`` calls, and the ratio
-rnnc / cuDNN (lower is better). rnnc is timed through its public API, which takes and returns
-NumPy arrays, so its times include copying inputs to the device and results back; cuDNN gets
-device tensors. rnnc runs through ``rnnc.RNN`` in every configuration (C4, stacked and
-bidirectional, too), as in ``rnnc bench``. Needs CuPy, PyTorch with CUDA and a GPU; otherwise it
-exits with a message saying what is missing.
+Configurations C1-C4 of docs/benchmarks.md, float32, inference and training (forward + backward
+of sum(y)); medians (min-max) of ``--reps`` timed calls after ``--warmup`` calls, each ended by
+a device synchronization, and ratios of rnnc to each peer (lower is better). Every contestant
+gets device-resident data:
+
+- ``rnnc device``: ``rnnc.compile(cell, backend="cuda")`` called on CuPy arrays, parameters as
+  one flat device buffer (docs/device-calls.md): nothing crosses PCIe. One layer, one direction
+  (C1-C3); C4 (stacked, bidirectional) has no such row until ``rnnc.RNN`` runs device calls.
+- ``rnnc numpy``: ``rnnc.RNN`` through its NumPy API, copies in and out included (a separate row,
+  every configuration);
+- ``cudnn``: ``nn.LSTM`` / ``nn.GRU`` on CUDA tensors (LSTM and GRU only);
+- ``jax``: ``jax.lax.scan`` under ``jax.jit`` on JAX's GPU (where JAX has one);
+- ``eager``: a Python loop of the same cell in PyTorch on CUDA tensors.
+
+Needs CuPy, PyTorch with CUDA and a GPU, and exits saying what is missing. ``--emulate --size
+tiny`` runs the same code on the CPU instead (rnnc in emulation, peers on the CPU) as a smoke
+test of this script; its times mean nothing.
 """
 
 from __future__ import annotations
@@ -22,8 +33,9 @@ from typing import Any
 
 import numpy as np
 
+import rnnc
 from rnnc.tools import bench
-from rnnc.tools.bench.peers import torch_module
+from rnnc.tools.bench.peers import jax_call, torch_eager_call, torch_module
 
 
 def gpu_missing() -> str | None:
@@ -40,85 +52,165 @@ def gpu_missing() -> str | None:
         if cupy.cuda.runtime.getDeviceCount() == 0:
             return "CuPy sees no CUDA device"
     except ImportError:
-        return "CuPy is not installed (pip install cupy-cuda12x)"
+        return "CuPy is not installed (pip install 'rnnc[cuda]')"
     return None
 
 
-def cudnn_call(spec: bench.CellSpec, config: bench.Config, grid: list, mode: str
-               ) -> Callable[[Any], Any]:
-    """nn.LSTM / nn.GRU on the GPU with rnnc's weights (PyTorch's gate order and layout)."""
-    import torch
+class Place:
+    """Where the contestants run: a GPU (CuPy, torch 'cuda'), or the CPU with rnnc emulated."""
 
-    module = torch_module(spec, config, grid).cuda()
+    def __init__(self, emulate: bool) -> None:
+        import torch
+
+        self.emulate, self.torch = emulate, torch
+        self.torch_device = "cpu" if emulate else "cuda"
+
+    def device_array(self, a: np.ndarray) -> Any:
+        """``a`` as a device array for an rnnc device call."""
+        if self.emulate:
+            from rnnc.backends.cuda.device import EmulatedArray
+
+            return np.array(a).view(EmulatedArray)
+        import cupy
+
+        return cupy.asarray(a)
+
+    def sync(self) -> None:
+        """Wait for every contestant's queued work."""
+        if not self.emulate:
+            import cupy
+
+            cupy.cuda.get_current_stream().synchronize()
+            self.torch.cuda.synchronize()
+
+
+def rnnc_device_call(spec: bench.CellSpec, config: bench.Config, grid: list, mode: str,
+                     place: Place, options: dict) -> Callable[[Any], Any] | None:
+    """``x -> y`` of one compiled cell on device arrays, or None for stacked configurations."""
+    if config.layers != 1 or config.directions != 1:
+        return None
+    fn = rnnc.compile(spec.factory(config.I, config.H), backend="cuda", emulate=place.emulate,
+                      **options)
+    flat = place.device_array(fn.pack(grid[0][0]))
+    ones = place.device_array(np.ones((config.T, config.B, config.H), np.float32))
+    if mode == "inference":
+        return lambda x: fn(x, flat)[0]
+
+    def train(x: Any) -> Any:
+        ys, _, tape = fn.forward(x, flat)
+        fn.backward(tape, {name: ones for name in ys})
+        return ys
+    return train
+
+
+def cudnn_call(spec: bench.CellSpec, config: bench.Config, grid: list, mode: str,
+               place: Place) -> Callable[[Any], Any]:
+    """nn.LSTM / nn.GRU with rnnc's weights (PyTorch's gate order and layout)."""
+    torch = place.torch
+    module = torch_module(spec, config, grid).to(place.torch_device)
 
     def infer(x):
         with torch.no_grad():
-            y = module(x)[0]
-        torch.cuda.synchronize()
-        return y
+            return module(x)[0]
 
     def train(x):
         module.zero_grad(set_to_none=True)
-        x = x.detach().requires_grad_(True)
-        y = module(x)[0]
+        y = module(x.detach().requires_grad_(True))[0]
         y.sum().backward()
-        torch.cuda.synchronize()
         return y
 
     return infer if mode == "inference" else train
 
 
-def timed(call: Callable[[], Any], reps: int, warmup: int) -> tuple[float, float, float]:
-    """Median, min and max milliseconds of ``reps`` calls after ``warmup`` calls."""
+def timed(call: Callable[[], Any], sync: Callable[[], None], reps: int, warmup: int
+          ) -> tuple[float, float, float]:
+    """Median, min and max milliseconds of ``reps`` synchronized calls after ``warmup``."""
     for _ in range(warmup):
         call()
+    sync()
     times = []
     for _ in range(reps):
         start = time.perf_counter()
         call()
+        sync()
         times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times), min(times), max(times)
+
+
+def contestants(spec: bench.CellSpec, cell: str, config: bench.Config, mode: str,
+                place: Place, options: dict, x: np.ndarray) -> dict[str, Callable[[], Any]]:
+    """Every contestant's call on this configuration, with its input bound."""
+    grid = bench.layer_params(spec, config)
+    x_dev = place.device_array(x)
+    x_torch = place.torch.from_numpy(x).to(place.torch_device)
+    calls: dict[str, Callable[[], Any]] = {}
+    device = rnnc_device_call(spec, config, grid, mode, place, options)
+    if device is not None:
+        calls["rnnc device"] = lambda: device(x_dev)
+    numpy_call, _ = bench.rnnc_call(spec, config, grid, mode, "cuda",
+                                    {**options, "emulate": True} if place.emulate else options)
+    calls["rnnc numpy"] = lambda: numpy_call(x)
+    if spec.torch_module is not None:
+        peer = cudnn_call(spec, config, grid, mode, place)
+        calls["cudnn"] = lambda: peer(x_torch)
+    if bench.peers.jax_available() and (place.emulate or _jax_on_gpu()):
+        import jax.numpy as jnp
+
+        jax_fn, _ = jax_call(spec, config, grid, mode)
+        x_jax = jnp.asarray(x)
+        calls["jax"] = lambda: jax_fn(x_jax)
+    eager, _ = torch_eager_call(spec, config, grid, mode, place.torch_device)
+    calls["eager"] = lambda: eager(x_torch)
+    return calls
+
+
+def _jax_on_gpu() -> bool:
+    import jax
+
+    return jax.default_backend() == "gpu"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", default="C1,C2,C3,C4")
-    parser.add_argument("--cells", default="lstm,gru")
+    parser.add_argument("--cells", default="lstm,gru,ln_lstm,peephole_lstm,mgu")
     parser.add_argument("--modes", default="inference,training")
+    parser.add_argument("--size", choices=("full", "tiny"), default="full")
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--graph", action="store_true",
-                        help="replay the time loop as a CUDA graph (CudaBackend(graph=True))")
+                        help="replay each call's launch plan as a CUDA graph (graph=True)")
+    parser.add_argument("--precision", choices=("highest", "tf32"), default="highest")
+    parser.add_argument("--emulate", action="store_true",
+                        help="smoke test on the CPU: rnnc emulated, peers on the CPU")
     args = parser.parse_args(argv)
-    missing = gpu_missing()
-    if missing:
-        print(f"cuda_vs_cudnn: needs an NVIDIA GPU with CuPy and PyTorch (CUDA): {missing}.",
-              file=sys.stderr)
-        return 2
-    import torch
-
     if args.reps < 5:
         parser.error("--reps must be at least 5 (medians of at least five runs)")
-    options = {"graph": True} if args.graph else {}
-    rows = [("config", "cell", "mode", "rnnc ms (min-max)", "cuDNN ms (min-max)", "ratio")]
+    missing = None if args.emulate else gpu_missing()
+    if missing:
+        print(f"cuda_vs_cudnn: needs an NVIDIA GPU with CuPy and PyTorch (CUDA): {missing}. "
+              f"(--emulate --size tiny runs this script on the CPU as a smoke test.)",
+              file=sys.stderr)
+        return 2
+    place = Place(args.emulate)
+    options = {"graph": args.graph, "precision": args.precision}
+    rows = [("config", "cell", "mode", "contestant", "ms (min-max)", "rnnc device / it")]
     for config_name in args.configs.split(","):
         config = bench.CONFIGS[config_name]
+        config = bench.tiny(config) if args.size == "tiny" else config
         for cell in args.cells.split(","):
-            spec = bench.CELLS[cell]
-            grid = bench.layer_params(spec, config)
             x = np.random.default_rng(0).standard_normal(
                 (config.T, config.B, config.I)).astype(np.float32)
-            x_gpu = torch.from_numpy(x).cuda()
             for mode in args.modes.split(","):
-                rnnc_fn, _ = bench.rnnc_call(spec, config, grid, mode, "cuda", options)
-                peer = cudnn_call(spec, config, grid, mode)
-                ours = timed(lambda f=rnnc_fn, x=x: f(x), args.reps, args.warmup)
-                theirs = timed(lambda f=peer, x=x_gpu: f(x), args.reps, args.warmup)
-                rows.append((config_name, cell, mode,
-                             f"{ours[0]:.2f} ({ours[1]:.2f}-{ours[2]:.2f})",
-                             f"{theirs[0]:.2f} ({theirs[1]:.2f}-{theirs[2]:.2f})",
-                             f"{ours[0] / theirs[0]:.2f}"))
-                print(" | ".join(rows[-1]), flush=True)
+                calls = contestants(bench.CELLS[cell], cell, config, mode, place, options, x)
+                times = {name: timed(call, place.sync, args.reps, args.warmup)
+                         for name, call in calls.items()}
+                ours = times.get("rnnc device")
+                for name, (median, low, high) in times.items():
+                    ratio = f"{ours[0] / median:.2f}" if ours and name != "rnnc device" else ""
+                    rows.append((config.name, cell, mode, name,
+                                 f"{median:.2f} ({low:.2f}-{high:.2f})", ratio))
+                    print(" | ".join(rows[-1]), flush=True)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     print()
     for row in rows:

@@ -151,12 +151,14 @@ def torch_builtin_call(spec: CellSpec, config: Config, grid: list, mode: str):
     return train, f"nn.{spec.torch_module}"
 
 
-def torch_eager_call(spec: CellSpec, config: Config, grid: list, mode: str):
-    """A Python loop over time of the same cell, one small PyTorch op at a time."""
+def torch_eager_call(spec: CellSpec, config: Config, grid: list, mode: str,
+                     device: str = "cpu"):
+    """A Python loop over time of the same cell, one small PyTorch op at a time, with its
+    weights on ``device`` (the input must be there too)."""
     import torch
 
     m = _TorchMath(torch)
-    weights = [[{k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in
+    weights = [[{k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in
                  spec.peer_params(p).items()} for p in row] for row in grid]
     leaves = [w for row in weights for q in row for w in q.values()]
 
