@@ -26,7 +26,8 @@ import importlib
 import importlib.metadata
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -85,12 +86,35 @@ def _address(function: ctypes._CFuncPtr) -> int:
 
 
 def _load_openblas() -> Blas | None:
+    with _short_thread_timeout():
+        try:
+            scipy_openblas32 = importlib.import_module("scipy_openblas32")  # loads the library
+        except ImportError:
+            return None
+        path = os.path.join(scipy_openblas32.get_lib_dir(), scipy_openblas32.get_library(True))
+        library = ctypes.CDLL(path)
+    return _bind_cblas("openblas", library, "scipy_", "scipy_openblas_set_num_threads")
+
+
+# OpenBLAS's worker threads spin this many cycles (log2; 4 is its least) after a call before
+# they sleep. Its default, 2**28 cycles (about 0.1 s), leaves a core spinning long after each
+# threaded call, which a thread team of rnnc's own then has to share (docs/threads.md).
+THREAD_TIMEOUT = 4
+
+
+@contextmanager
+def _short_thread_timeout() -> Iterator[None]:
+    """``OPENBLAS_THREAD_TIMEOUT`` = :data:`THREAD_TIMEOUT` while rnnc's own OpenBLAS loads
+    (it reads the variable once, then), unless the caller set it; removed again afterwards, so
+    that no library loaded later sees it."""
+    if "OPENBLAS_THREAD_TIMEOUT" in os.environ:
+        yield
+        return
+    os.environ["OPENBLAS_THREAD_TIMEOUT"] = str(THREAD_TIMEOUT)
     try:
-        scipy_openblas32 = importlib.import_module("scipy_openblas32")
-    except ImportError:
-        return None
-    path = os.path.join(scipy_openblas32.get_lib_dir(), scipy_openblas32.get_library(True))
-    return _bind_cblas("openblas", ctypes.CDLL(path), "scipy_", "scipy_openblas_set_num_threads")
+        yield
+    finally:
+        os.environ.pop("OPENBLAS_THREAD_TIMEOUT", None)
 
 
 def _bind_cblas(name: str, library: ctypes.CDLL, prefix: str, set_num_threads_symbol: str

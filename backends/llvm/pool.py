@@ -21,7 +21,7 @@ from functools import cache
 
 import numpy as np
 
-from rnnc.backends.llvm.team import SIZE, STATE_WORDS, YIELD
+from rnnc.backends.llvm.team import SIZE, SLEEP, STATE_WORDS, YIELD
 
 SIGNATURE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
@@ -59,10 +59,11 @@ def _workers_for(count: int) -> list[_Worker] | None:
 
 
 @cache
-def yield_address() -> int:
-    """The address of libc's ``sched_yield``, or 0 where there is none."""
+def libc_address(name: str) -> int:
+    """The address of libc's function ``name`` (``sched_yield``, ``usleep``), or 0 where there
+    is none."""
     try:
-        return ctypes.cast(ctypes.CDLL(None).sched_yield, ctypes.c_void_p).value or 0
+        return ctypes.cast(getattr(ctypes.CDLL(None), name), ctypes.c_void_p).value or 0
     except (OSError, AttributeError, TypeError):
         return 0
 
@@ -77,7 +78,8 @@ def run_team(function: Callable[..., None], args: tuple, size: int) -> bool:
         if workers is None:
             return False
         state = np.zeros(STATE_WORDS, np.int64)
-        state[SIZE], state[YIELD] = size, yield_address()
+        state[SIZE], state[YIELD] = size, libc_address("sched_yield")
+        state[SLEEP] = libc_address("usleep")
         done: queue.SimpleQueue = queue.SimpleQueue()
         shared = args + (state.ctypes.data,)
         for tid, worker in enumerate(workers, 1):

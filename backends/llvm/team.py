@@ -3,7 +3,8 @@
 A team build of a program (``docs/threads.md``) is ``rnnc_run(buffers, T, B, gemms, team,
 tid)``: every thread of the team calls it with the same buffers and its own index ``tid``.
 ``team`` points to :data:`STATE_WORDS` i64 words shared by the team: the barrier's arrival
-counter, its generation, the team size and the address of ``sched_yield`` (0: none).
+counter, its generation, the team size and the addresses of ``sched_yield`` and ``usleep``
+(0: none).
 
 Thread 0 alone runs the pre-loop graph, the post-loop graph and the copies around the loop;
 the time loop runs on every thread. Each node of the step body is one of:
@@ -33,9 +34,14 @@ from rnnc.backends.llvm import gemm
 from rnnc.backends.llvm.context import I32, I64, Buffer, Context
 
 STATE_WORDS = 8
-COUNT, GENERATION, SIZE, YIELD = 0, 1, 2, 3
+COUNT, GENERATION, SIZE, YIELD, SLEEP = 0, 1, 2, 3, 4
 # Spins on the generation before each wait starts calling sched_yield.
 SPINS = 4000
+# Calls of sched_yield before a wait sleeps NAP_US microseconds at a time: a thread waiting
+# through a long phase (thread 0 alone in the pre-loop graph, its BLAS on every core) then
+# leaves its core to the BLAS threads instead of competing for it.
+YIELDS = 2000
+NAP_US = 50
 
 
 def _c(v: int) -> ir.Constant:
@@ -85,9 +91,17 @@ def barrier_function(module: ir.Module) -> ir.Function:
     b.cbranch(b.icmp_signed("!=", now, generation), done, spin)
     b.position_at_end(spin)
     address = b.load_atomic(word(YIELD), "monotonic", 8)
+    nap = b.load_atomic(word(SLEEP), "monotonic", 8)
+    sleepy = b.and_(b.icmp_signed(">", spins, _c(SPINS + YIELDS)),
+                    b.icmp_signed("!=", nap, _c(0)))
     tired = b.and_(b.icmp_signed(">", spins, _c(SPINS)), b.icmp_signed("!=", address, _c(0)))
-    with b.if_then(tired):
-        b.call(b.inttoptr(address, ir.FunctionType(I32, []).as_pointer()), [])
+    with b.if_else(sleepy) as (sleep, other):
+        with sleep:
+            b.call(b.inttoptr(nap, ir.FunctionType(I32, [I32]).as_pointer()),
+                   [ir.Constant(I32, NAP_US)])
+        with other:
+            with b.if_then(tired):
+                b.call(b.inttoptr(address, ir.FunctionType(I32, []).as_pointer()), [])
     spins.add_incoming(b.add(spins, _c(1)), b.block)
     b.branch(head)
     b.position_at_end(done)
