@@ -8,8 +8,8 @@ Options (the only place that reads environment variables):
   same range, or the cores this process may use); anything else is an ``RnncError``. They are
   BLAS's threads, and the size of the thread team when ``team`` is on;
 - ``team``: run the time loop of a sequence whose recurrent products are big enough
-  (:data:`TEAM_MIN_WORK`) on a team of ``threads`` threads, a bool (default: on when
-  ``$RNNC_TEAM`` is ``1``, else off; ``docs/threads.md``);
+  (:data:`TEAM_MIN_WORK`) on a team of ``threads`` threads, a bool (default: on, unless
+  ``$RNNC_TEAM`` is ``0``; ``docs/threads.md``);
 - ``cache_dir``: the cache directory (default ``$RNNC_CACHE_DIR``, else
   ``$XDG_CACHE_HOME/rnnc`` or ``~/.cache/rnnc``): object code goes to ``<cache_dir>/llvm``
   and the BLAS tuning file to ``<cache_dir>/blas.json``. ``False`` keeps object code in
@@ -220,7 +220,7 @@ class LlvmBackend:
         self.libraries = [self.blas] if name else blas_lib.same_convention(self.blas)
         self.threads = _threads_option(threads)
         if team is None:
-            team = os.environ.get("RNNC_TEAM", "").strip() == "1"
+            team = os.environ.get("RNNC_TEAM", "").strip() != "0"
         if not isinstance(team, bool):
             raise RnncTypeError(f"team must be True or False, got {team!r}")
         self.team = team

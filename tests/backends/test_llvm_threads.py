@@ -108,9 +108,12 @@ def test_team_is_used_and_heuristic_keeps_small_sizes_on_one_thread(monkeypatch)
     assert calls == []
 
 
-def test_team_is_off_by_default(monkeypatch) -> None:
+def test_team_is_on_unless_turned_off(monkeypatch) -> None:
     monkeypatch.delenv("RNNC_TEAM", raising=False)
+    assert runtime.LlvmBackend(threads=2, cache_dir=False).team
+    monkeypatch.setenv("RNNC_TEAM", "0")
     assert not runtime.LlvmBackend(threads=2, cache_dir=False).team
+    assert runtime.LlvmBackend(threads=2, cache_dir=False, team=True).team
     monkeypatch.setenv("RNNC_TEAM", "1")
     assert runtime.LlvmBackend(threads=2, cache_dir=False).team
     with pytest.raises(rnnc.RnncError):

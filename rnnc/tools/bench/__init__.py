@@ -64,9 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="llvm", help="rnnc backend (default llvm)")
     parser.add_argument("--threads", type=int, default=None,
                         help="threads for rnnc's BLAS and PyTorch (default: available cores)")
-    parser.add_argument("--team", action="store_true",
-                        help="run rnnc's time loop on a thread team of --threads threads "
-                             "(llvm backend; docs/threads.md)")
+    parser.add_argument("--team", action=argparse.BooleanOptionalAction, default=None,
+                        help="run rnnc's time loop on a thread team of --threads threads, or "
+                             "not (llvm backend; default: on unless RNNC_TEAM=0; "
+                             "docs/threads.md)")
     parser.add_argument("--scaling", action="store_true",
                         help="time rnnc and nn.LSTM/nn.GRU at 1, 2, 4, ... threads up to "
                              "--threads (default: available cores) and print the speed-ups")
@@ -82,9 +83,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _set_threads(args: argparse.Namespace, peers: list[str], threads: int) -> dict:
     """rnnc's backend options and PyTorch's thread count; prints the threads of each side."""
     options: dict = {} if args.backend == "numpy" else {"threads": threads}
-    if getattr(args, "team", False) and args.backend == "llvm":
-        options["team"] = True
-    used = [f"rnnc {threads if options else 1}" + (" (team)" if options.get("team") else "")]
+    team = getattr(args, "team", None)
+    if team is not None and args.backend == "llvm":
+        options["team"] = team
+    if team is None:
+        team = os.environ.get("RNNC_TEAM", "").strip() != "0"
+    on_team = args.backend == "llvm" and team and threads > 1
+    used = [f"rnnc {threads if options else 1}" + (" (team)" if on_team else "")]
     if {"torch", "eager"} & set(peers):
         import torch
 
