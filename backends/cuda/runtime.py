@@ -174,7 +174,12 @@ class Runner:
         device), launch the plan (replaying its CUDA graph with graph=True, capturing it after
         the first call), copy out (device calls: into new device arrays)."""
         for name, value in env.items():
-            if isinstance(value, np.ndarray):
+            if isinstance(value, np.ndarray) and on_device:
+                # No host synchronization ends a device call, so a pinned staging buffer could
+                # be refilled by the next call while this copy is still queued: copy from the
+                # caller's array (pageable; the driver has read it when set() returns).
+                plan.inputs[name].set(value, stream=stream)
+            elif isinstance(value, np.ndarray):
                 staged = self._pinned(plan, ("in", name), plan.inputs[name])
                 np.copyto(staged, value)
                 plan.inputs[name].set(staged, stream=stream)
