@@ -40,6 +40,7 @@ class Device(Protocol):
     """What a backend with a device gives the API (``backend.device``)."""
 
     xp: Any  # the array module of its arrays (CuPy; NumPy in emulation)
+    emulate: bool  # whether its memory is host memory (the CPU emulation of a GPU)
 
     def holds(self, value: Any) -> bool:
         """Whether ``value`` is a device array this device can read."""
@@ -51,6 +52,14 @@ class Device(Protocol):
 
     def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any:
         """A zeroed device array."""
+        ...
+
+    def own(self, value: Any) -> Any:
+        """``value``, an array ``xp`` computed from this device's arrays, as one of them."""
+        ...
+
+    def upload(self, value: np.ndarray) -> Any:
+        """A new device array holding the host array ``value`` (a host-to-device copy)."""
         ...
 
 

@@ -98,6 +98,16 @@ class CudaDevice:
         out = self.xp.zeros(shape, dtype)
         return out.view(EmulatedArray) if self.emulate else out
 
+    def own(self, value: Any) -> Any:
+        """``value``, an array ``xp`` computed from this device's arrays, as one of them:
+        NumPy functions such as ``concatenate`` return plain arrays, which emulation views as
+        device arrays again (CuPy's results already are)."""
+        return value.view(EmulatedArray) if self.emulate else value
+
+    def upload(self, value: np.ndarray) -> Any:
+        """A new device array holding the host array ``value``: a host-to-device copy."""
+        return np.array(value).view(EmulatedArray) if self.emulate else self.xp.asarray(value)
+
     def copy(self, value: Any) -> Any:
         """A new device array holding the device array ``value``."""
         out = self.xp.array(value, copy=True)

@@ -8,8 +8,10 @@ are one ``torch.autograd.Function`` over ``rnnc.RNN.forward``/``backward``, so t
 trains with any torch optimizer and under ``DistributedDataParallel``.
 
 CPU tensors cross into NumPy without copies (``.detach().numpy()`` and
-``torch.from_numpy``); tensors on another device are copied through the host, since the
-layer computes on host arrays. Only the per-gate split of the fused torch weights copies.
+``torch.from_numpy``). CUDA tensors with ``backend="cuda"`` on a GPU stay on the GPU: rnnc
+reads them in place and returns CUDA tensors through DLPack, forward and backward
+(``rnnc.interop.torch_device``); with a host backend they are copied through the host. Only
+the per-gate split of the fused torch weights copies (on the tensors' device).
 
 A custom cell factory works too: its parameters are registered as ``{name}_l{k}`` (and
 ``{name}_l{k}_reverse``) with rnnc's shapes, and ``hx`` and the returned states are dicts

@@ -1,9 +1,12 @@
-"""The ``torch.autograd.Function``s behind ``rnnc.torch.RNN``, and its tensor <-> array bridge.
+"""The ``torch.autograd.Function``s behind ``rnnc.torch.RNN``.
 
 ``apply`` runs the module's layers as one ``autograd.Function`` over ``rnnc.RNN.forward`` and
 ``backward``; its backward is a second ``autograd.Function`` whose own backward is
 ``rnnc.RNN.double_backward``. Both have ``vmap`` rules, so ``torch.func.vmap`` and
-``gradcheck``'s batched checks work through them.
+``gradcheck``'s batched checks work through them. Tensors cross into rnnc through the bridge
+of ``rnnc.interop.torch_device``: NumPy views of CPU tensors, or, for CUDA tensors with the
+CUDA backend on a GPU, device arrays read in place, forward and backward alike (double
+backward runs on the host and refuses a device call's tape).
 """
 
 from __future__ import annotations
@@ -13,25 +16,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from rnnc.interop import torch_device
+from rnnc.interop.torch_device import from_numpy, to_numpy
+
 if TYPE_CHECKING:
     from rnnc.interop.torch import RNN
 
-
-def to_numpy(t: torch.Tensor) -> np.ndarray:
-    """Return a NumPy view of a CPU tensor (a host copy for other devices), without autograd."""
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    return t.numpy()
-
-
-def from_numpy(a: Any, like: torch.Tensor) -> torch.Tensor:
-    """Return ``a`` as a tensor on ``like``'s device, sharing memory where it can."""
-    if isinstance(a, np.ndarray):
-        t = torch.from_numpy(np.ascontiguousarray(a))
-    else:  # a device array (CuPy) from a GPU backend: exchange through DLPack
-        t = torch.from_dlpack(a)
-    return t if t.device == like.device else t.to(like.device)
+__all__ = ["apply", "from_numpy", "to_numpy"]
 
 
 def apply(module: RNN, lengths: np.ndarray | None, seed: int | None, x: torch.Tensor,
@@ -65,16 +56,19 @@ class _Apply(torch.autograd.Function):
     def forward(module: RNN, lengths: np.ndarray | None, seed: int | None, box: _Box,
                 x: torch.Tensor, *tensors: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         names, ns, ne = module.state_names, len(module.state_names), len(module.extra_names)
-        states = {n: to_numpy(s) for n, s in zip(names, tensors, strict=False) if s is not None}
-        extra = {n: to_numpy(e) for n, e in zip(module.extra_names, tensors[ns:ns + ne],
-                                                strict=True)}
-        grid = module._rnnc_params(tensors[ns + ne:])
+        side = torch_device.bridge(module, x)
         rng = None if seed is None else np.random.default_rng(seed)
         dropout = seed is not None and module.training
-        y, final, box.tape = module.layer.forward(to_numpy(x), lengths, states, train=True,
-                                                  params=grid, rng=rng, apply_dropout=dropout,
-                                                  extra=extra, seed=seed)
-        return (from_numpy(y, x), *(from_numpy(final[n], x) for n in names))
+        with side.context():
+            states = {n: side.array(s, f"state {n!r}")
+                      for n, s in zip(names, tensors, strict=False) if s is not None}
+            extra = {n: side.array(e, f"extra input {n!r}")
+                     for n, e in zip(module.extra_names, tensors[ns:ns + ne], strict=True)}
+            grid = side.params(module, tensors[ns + ne:])
+            y, final, box.tape = module.layer.forward(
+                side.array(x, "x"), lengths, states, train=True, params=grid, rng=rng,
+                apply_dropout=dropout, extra=extra, seed=seed)
+            return (side.tensor(y, x), *(side.tensor(final[n], x) for n in names))
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
@@ -189,12 +183,16 @@ class _Backward(torch.autograd.Function):
                 *rest: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         names = module.state_names
         d_final = rest[:len(names)]
-        g = module.layer.backward(tape, to_numpy(d_y),
-                                  {n: to_numpy(d) for n, d in zip(names, d_final, strict=True)})
-        d_states = [from_numpy(g.states[n], d_y) for n, k in zip(names, given, strict=True) if k]
-        d_extras = [from_numpy(g.extra[n], d_y) for n in module.extra_names]
-        d_params = [from_numpy(a, d_y) for a in module._torch_grads(g.params)]
-        return (from_numpy(g.x, d_y), *d_states, *d_extras, *d_params)
+        side = torch_device.bridge(module, d_y)
+        with side.context():
+            g = module.layer.backward(tape, side.array(d_y, "d_y"), {
+                n: side.array(d, f"state gradient {n!r}")
+                for n, d in zip(names, d_final, strict=True)})
+            d_states = [side.tensor(g.states[n], d_y)
+                        for n, k in zip(names, given, strict=True) if k]
+            d_extras = [side.tensor(g.extra[n], d_y) for n in module.extra_names]
+            d_params = side.grads(module, g.params, d_y)
+            return (side.tensor(g.x, d_y), *d_states, *d_extras, *d_params)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:

@@ -19,7 +19,9 @@ packed sequences), because the masked steps past its length come first and hold 
 state. Outputs are zero past each sequence's length.
 
 The parts: ``rnn`` (the ``RNN`` object), ``checks`` (the caller's arguments), ``run`` (the
-forward run) and ``backward`` (gradients and their derivative).
+forward run), ``backward`` (gradients and their derivative) and ``arrays`` (the glue's array
+operations: NumPy for host arrays, the device's array module for a device call, in which
+everything stays on the device; ``docs/device-calls.md``).
 """
 
 from rnnc.layers.backward import LayerGrads

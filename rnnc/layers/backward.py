@@ -3,6 +3,10 @@
 Both compose the compiled cells' own ``backward`` and ``double_backward`` the way the forward
 run composes the cells: layer by layer, each direction through its own compiled function (the
 reverse direction's runs backwards in time itself), through the dropout masks.
+
+The backward of a device call's tape runs its glue on the device too (``rnnc.layers.arrays``):
+cotangents given as host arrays are uploaded, gradients are device arrays. Double backward
+runs on the host only, as ``Function.double_backward`` does.
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ import numpy as np
 from rnnc.api import Grads
 from rnnc.errors import RnncTypeError, RnncValueError
 from rnnc.layers import checks
+from rnnc.layers.arrays import Arrays
 from rnnc.layers.checks import Grid
-from rnnc.layers.run import LayerTape, reads_extra, valid_steps, zero_past_lengths
+from rnnc.layers.run import LayerTape, reads_extra
 
 if TYPE_CHECKING:
     from rnnc.layers.rnn import RNN
@@ -40,9 +45,10 @@ class LayerGrads:
 class _Paths:
     """How one tape's arrays reach its cells: time order per direction, lengths, dropout."""
 
-    def __init__(self, layer: RNN, tape: LayerTape) -> None:
+    def __init__(self, layer: RNN, tape: LayerTape, ops: Arrays | None = None) -> None:
         self.layer, self.tape = layer, tape
-        self.valid = valid_steps(tape.T, tape.lengths)
+        self.ops = Arrays(tape.device) if ops is None else ops
+        self.valid = self.ops.valid_steps(tape.T, tape.lengths)
 
     def time_major(self, a: np.ndarray) -> np.ndarray:
         """``(T, B, ...)`` from the layer's layout (its own inverse)."""
@@ -51,7 +57,11 @@ class _Paths:
     def output_cotangent(self, g: np.ndarray, d: int) -> np.ndarray:
         """Direction ``d``'s part of a layer output's cotangent, as its cell sees it."""
         H = self.layer.output_size
-        return np.ascontiguousarray(zero_past_lengths(g[:, :, d * H:(d + 1) * H], self.valid))
+        return self.ops.contiguous(self.zero_past(g[:, :, d * H:(d + 1) * H]))
+
+    def zero_past(self, a: np.ndarray) -> np.ndarray:
+        """``a`` with the steps past each sequence's length set to zero."""
+        return self.ops.zero_past_lengths(a, self.valid)
 
     def dropout(self, k: int, g: np.ndarray) -> np.ndarray:
         """``g`` through the dropout mask after layer ``k`` (none after the last)."""
@@ -60,7 +70,7 @@ class _Paths:
 
     def extra_grads(self) -> States:
         """Zero gradients of the extra inputs, time-major, to add each layer's to."""
-        return {n: np.zeros_like(a) for n, a in self.tape.extra.items()}
+        return {n: self.ops.zeros_like(a) for n, a in self.tape.extra.items()}
 
     def add_x(self, k: int, gx: Any, into: np.ndarray, extra: States | None) -> None:
         """Add a cell's input gradient ``gx`` (a dict when it has extra inputs) to ``into``
@@ -86,7 +96,7 @@ class _Paths:
         and each direction's Grads; the extra inputs' cotangents are added to ``extra``."""
         layer, tape, D = self.layer, self.tape, self.layer.num_directions
         g_out = self.dropout(k, g_out)
-        gx = np.zeros((tape.T, tape.B, layer.layer_input_size(k)), tape.dtype) \
+        gx = self.ops.zeros((tape.T, tape.B, layer.layer_input_size(k)), tape.dtype) \
             if into is None else into
         grads = []
         for d in range(D):
@@ -99,7 +109,7 @@ class _Paths:
 
     def caller_extra(self, extra: States) -> States:
         """The extra inputs' gradients in the caller's layout, zero past the lengths."""
-        return {n: np.ascontiguousarray(self.time_major(zero_past_lengths(a, self.valid)))
+        return {n: self.ops.contiguous(self.time_major(self.zero_past(a)))
                 for n, a in extra.items()}
 
 
@@ -112,33 +122,37 @@ def _check_tape(layer: RNN, tape: Any) -> LayerTape:
     return tape
 
 
-def _zero_states(layer: RNN, B: int, dtype: np.dtype) -> States:
+def _zero_states(layer: RNN, B: int, dtype: np.dtype, ops: Arrays | None = None) -> States:
     LD = layer.num_layers * layer.num_directions
-    return {n: np.zeros((LD, B, s), dtype) for n, s in layer.state_sizes.items()}
+    ops = Arrays() if ops is None else ops
+    return {n: ops.zeros((LD, B, s), dtype) for n, s in layer.state_sizes.items()}
 
 
 def backward_empty(layer: RNN, tape: LayerTape) -> LayerGrads:
     """Zero gradients for an empty batch: every parameter's gradient is a sum over none."""
-    dtype = tape.dtype
+    dtype, ops = tape.dtype, Arrays(tape.device)
     x_shape = (0, tape.T, layer.input_size) if layer.batch_first else \
         (tape.T, 0, layer.input_size)
-    params = [[{n: np.zeros(a.shape, dtype) for n, a in p.items()} for p in row]
+    params = [[{n: ops.zeros(a.shape, dtype) for n, a in p.items()} for p in row]
               for row in layer.params]
-    extra = {n: np.zeros(x_shape[:2] + (s,), dtype) for n, s in layer.extra_sizes.items()}
-    return LayerGrads(np.zeros(x_shape, dtype), params, _zero_states(layer, 0, dtype), extra)
+    extra = {n: ops.zeros(x_shape[:2] + (s,), dtype) for n, s in layer.extra_sizes.items()}
+    return LayerGrads(ops.zeros(x_shape, dtype), params, _zero_states(layer, 0, dtype, ops),
+                      extra)
 
 
 def backward(layer: RNN, tape: Any, d_y: Any, d_states: Any) -> LayerGrads:
     """The gradients of ``RNN.backward``: down the layers, each direction's cell backward."""
     tape = _check_tape(layer, tape)
     L, D, T, B = layer.num_layers, layer.num_directions, tape.T, tape.B
-    g_in = checks.check_d_y(layer, d_y, T, B, tape.dtype)
-    d_st = checks.check_states(layer, d_states, B, tape.dtype, "state gradient")
+    ops = Arrays(tape.device)
+    g_in = checks.check_d_y(layer, d_y, T, B, tape.dtype, ops)
+    d_st = checks.check_states(layer, d_states, B, tape.dtype, "state gradient", ops=ops)
     if B == 0:
+        layer.transfers = ops.transfers
         return backward_empty(layer, tape)
-    paths = _Paths(layer, tape)
+    paths = _Paths(layer, tape, ops)
     g_params: Grid = [[{} for _ in range(D)] for _ in range(L)]
-    g_states = {n: np.empty((L * D, B, s), tape.dtype) for n, s in layer.state_sizes.items()}
+    g_states = {n: ops.zeros((L * D, B, s), tape.dtype) for n, s in layer.state_sizes.items()}
     g_extra = paths.extra_grads()
     for k in range(L - 1, -1, -1):
         g_in, grads = paths.layer_backward(k, g_in, d_st, extra=g_extra)
@@ -146,8 +160,9 @@ def backward(layer: RNN, tape: Any, d_y: Any, d_states: Any) -> LayerGrads:
             g_params[k][d] = g.params
             for n in layer.state_sizes:
                 g_states[n][k * D + d] = g.states[n]
-    gx = paths.time_major(zero_past_lengths(g_in, paths.valid))
-    return LayerGrads(np.ascontiguousarray(gx), g_params, g_states, paths.caller_extra(g_extra))
+    gx = paths.time_major(paths.zero_past(g_in))
+    layer.transfers = ops.transfers
+    return LayerGrads(ops.contiguous(gx), g_params, g_states, paths.caller_extra(g_extra))
 
 
 def double_backward(layer: RNN, tape: LayerTape, d_y: np.ndarray,
@@ -163,18 +178,22 @@ def double_backward(layer: RNN, tape: LayerTape, d_y: np.ndarray,
     backward's chain of ``d_y``, then down the layers for what reaches a layer's input,
     which the layer below computed.
     """
+    if getattr(tape, "device", None) is not None:
+        raise RnncValueError("double_backward of a device call's tape is not supported (nor is "
+                             "Function.double_backward of a device call): run the forward on "
+                             "host arrays for second derivatives")
     if tape.B == 0:
         grads = backward_empty(layer, tape)
         return np.zeros_like(d_y), {n: np.zeros_like(v) for n, v in d_states.items()}, grads
     paths = _Paths(layer, tape)
     d_out = _replay(paths, np.asarray(d_y), d_states)
-    u_extra = {n: zero_past_lengths(paths.time_major(np.asarray(g_extra[n])), paths.valid)
+    u_extra = {n: paths.zero_past(paths.time_major(np.asarray(g_extra[n])))
                if g_extra is not None and g_extra.get(n) is not None else np.zeros_like(a)
                for n, a in tape.extra.items()}
     c_d_y, c_d_states, c_inputs, c = _up(paths, d_out, d_states, (g_x, u_extra), g_params,
                                          g_states)
     _down(paths, c_inputs, c)
-    c.x = np.ascontiguousarray(paths.time_major(zero_past_lengths(c_inputs[0], paths.valid)))
+    c.x = np.ascontiguousarray(paths.time_major(paths.zero_past(c_inputs[0])))
     c.extra = paths.caller_extra(c.extra)
     return np.ascontiguousarray(paths.time_major(c_d_y)), c_d_states, c
 
@@ -203,7 +222,7 @@ def _up(paths: _Paths, d_out: list[np.ndarray], d_states: Mapping[str, np.ndarra
     L, D, H, out = layer.num_layers, layer.num_directions, layer.output_size, layer.output_name
     names = layer.state_sizes
     g_x, u_extra = g_inputs
-    u = zero_past_lengths(paths.time_major(np.asarray(g_x)), paths.valid)
+    u = paths.zero_past(paths.time_major(np.asarray(g_x)))
     c = LayerGrads(np.empty(0), [[{} for _ in range(D)] for _ in range(L)],
                    _zero_states(layer, tape.B, tape.dtype), paths.extra_grads())
     c_d_states = _zero_states(layer, tape.B, tape.dtype)
@@ -220,7 +239,7 @@ def _up(paths: _Paths, d_out: list[np.ndarray], d_states: Mapping[str, np.ndarra
                                    **(u_extra if reads_extra(layer, k) else {})}.items()
                  if n not in fn.no_grad},
                 g_params[k][d], {n: g_states[n][row] for n in names})
-            c_d_out[:, :, d * H:(d + 1) * H] = zero_past_lengths(dd_out[out], paths.valid)
+            c_d_out[:, :, d * H:(d + 1) * H] = paths.zero_past(dd_out[out])
             paths.add_x(k, g.x, c_inputs[k], c.extra)
             c.params[k][d] = {n: a.copy() for n, a in g.params.items()}
             for n in names:

@@ -1,7 +1,9 @@
 """Checks of what a caller gives ``rnnc.RNN``: constructor arguments, cells, arrays, states.
 
 Each check raises an ``RnncError`` subclass whose message names the argument and, where a
-common mistake explains the value, the fix.
+common mistake explains the value, the fix. The arrays of a call are checked on its side
+(``rnnc.layers.arrays.Arrays``): in a device call, device arrays are adopted in place and the
+host states and gradients a device call also takes are uploaded.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rnnc import backends, validate
+from rnnc.device import Device, is_device
 from rnnc.dsl import Cell
 from rnnc.errors import CellError, RnncPicklingError, RnncTypeError, RnncValueError
+from rnnc.layers.arrays import Arrays
 
 if TYPE_CHECKING:
     from rnnc.layers.rnn import RNN
@@ -175,10 +179,43 @@ def check_params(layer: RNN, params: Any) -> Grid:
     return [list(row) for row in params]
 
 
-def check_x(layer: RNN, x: Any, dtype: np.dtype) -> np.ndarray:
-    """Return the input as a time-major ``(T, B, input_size)`` array of ``dtype``."""
+def call_device(layer: RNN, x: Any, extra: Any) -> Device | None:
+    """The device of a call whose input sequences are ``x`` and ``extra``: the backend's when
+    they are device arrays, None for a host call (a host backend's own checks refuse device
+    arrays, naming the conversion). Refuses input sequences on both sides."""
+    device = getattr(layer.function(0).backend, "device", None)
+    if device is None or not is_device(x):
+        if device is not None and isinstance(extra, Mapping):
+            on_device = [n for n, v in extra.items() if is_device(v)]
+            if on_device:
+                raise RnncTypeError(
+                    f"extra input {on_device[0]!r} is a device array "
+                    f"({type(extra[on_device[0]]).__name__}) but x is a host array "
+                    f"({type(x).__name__}): put every input sequence on the same side, x on "
+                    f"the device too (cupy.asarray(x)) or the extra inputs on the host")
+        return None
+    host = [n for n, v in (extra.items() if isinstance(extra, Mapping) else ())
+            if not is_device(v)]
+    if host:
+        raise RnncTypeError(f"x is a device array ({type(x).__name__}) but extra input "
+                            f"{host[0]!r} is a host array ({type(extra[host[0]]).__name__}): "
+                            f"put every input sequence on the same side, the extra inputs on "
+                            f"the device too (cupy.asarray) or x on the host (x.get())")
+    return device
+
+
+def on_side(ops: Arrays, arr: Any) -> Any:
+    """A checked array on the call's side: a host array given to a device call uploaded."""
+    if ops.device is not None and not ops.device.holds(arr):
+        return ops.upload(arr)
+    return arr
+
+
+def check_x(layer: RNN, x: Any, dtype: np.dtype, ops: Arrays | None = None) -> np.ndarray:
+    """Return the input as a time-major ``(T, B, input_size)`` array of ``dtype`` (on the
+    device of a device call, ``ops``)."""
     given = x
-    x = validate.as_array(x, "x")
+    x = validate.as_array(x, "x", None if ops is None else ops.device)
     layout = "(B, T, input_size)" if layer.batch_first else "(T, B, input_size)"
     if x.ndim != 3:
         raise RnncValueError(f"x must have shape {layout} = 3 dimensions, got shape "
@@ -199,6 +236,11 @@ def check_lengths(layer: RNN, lengths: Any, T: int, B: int) -> np.ndarray | None
     """Return the sequence lengths as an int array of shape ``(B,)`` in ``1..T``, or None."""
     if lengths is None:
         return None
+    if is_device(lengths) and not isinstance(lengths, np.ndarray) \
+            and not hasattr(lengths, "detach"):
+        raise RnncTypeError(f"lengths are a device array ({type(lengths).__name__}); rnnc.RNN "
+                            f"reads lengths on the host, as pack_padded_sequence does: pass a "
+                            f"NumPy array (lengths.get() for CuPy)")
     arr = np.asarray(lengths.detach().cpu().numpy() if hasattr(lengths, "detach")
                      else lengths)
     if arr.ndim != 1 or arr.shape[0] != B:
@@ -221,12 +263,14 @@ def _batch_axis_hint(layer: RNN, T: int | None, B: int, LD: int, size: int,
 
 
 def check_states(layer: RNN, states: Any, B: int, dtype: np.dtype, what: str = "state",
-                 T: int | None = None) -> dict[str, np.ndarray]:
+                 T: int | None = None, ops: Arrays | None = None) -> dict[str, np.ndarray]:
     """Return every state as a ``(L*D, B, size)`` array of ``dtype`` (a missing one: zeros).
 
     ``what`` names the states in messages ("state", "state gradient"); ``T``, when given,
-    lets a message spot a batch-first ``x`` given to a time-major layer.
+    lets a message spot a batch-first ``x`` given to a time-major layer. In a device call
+    (``ops``) every state is a device array: host ones are uploaded.
     """
+    ops = Arrays() if ops is None else ops
     LD = layer.num_layers * layer.num_directions
     if states is None:
         states = {}
@@ -241,9 +285,9 @@ def check_states(layer: RNN, states: Any, B: int, dtype: np.dtype, what: str = "
     for name, size in layer.state_sizes.items():
         value = states.get(name)
         if value is None:
-            out[name] = np.zeros((LD, B, size), dtype)
+            out[name] = ops.zeros((LD, B, size), dtype)
             continue
-        arr = validate.as_array(value, f"{what} {name!r}")
+        arr = validate.as_array(value, f"{what} {name!r}", ops.device)
         if arr.shape != (LD, B, size):
             hint = _batch_axis_hint(layer, T, B, LD, size, arr.shape)
             raise RnncValueError(f"{what} {name!r} must have shape (num_layers * "
@@ -252,27 +296,32 @@ def check_states(layer: RNN, states: Any, B: int, dtype: np.dtype, what: str = "
         if arr.dtype != dtype:
             raise RnncTypeError(f"{what} {name!r} is {arr.dtype}, expected {dtype}: convert "
                                 f"it with .astype(np.{dtype.name})")
-        out[name] = arr
+        out[name] = on_side(ops, arr)
     return out
 
 
-def check_d_y(layer: RNN, d_y: Any, T: int, B: int, dtype: np.dtype) -> np.ndarray:
-    """Return the gradient of ``y`` time-major, ``(T, B, D*H)`` (``None``: zeros)."""
+def check_d_y(layer: RNN, d_y: Any, T: int, B: int, dtype: np.dtype,
+              ops: Arrays | None = None) -> np.ndarray:
+    """Return the gradient of ``y`` time-major, ``(T, B, D*H)`` (``None``: zeros); in a
+    device call (``ops``) on the device, a host one uploaded."""
+    ops = Arrays() if ops is None else ops
     width = layer.num_directions * layer.output_size
     if d_y is None:
-        return np.zeros((T, B, width), dtype)
+        return ops.zeros((T, B, width), dtype)
     y_shape = (B, T, width) if layer.batch_first else (T, B, width)
-    d_y = np.asarray(d_y)
+    d_y = np.asarray(d_y) if ops.device is None else validate.as_array(d_y, "d_y", ops.device)
     if d_y.shape != y_shape:
         raise RnncValueError(f"d_y must have the shape of y {y_shape}, got {d_y.shape}")
     if d_y.dtype != dtype:
         raise RnncTypeError(f"d_y is {d_y.dtype}, expected {dtype}")
+    d_y = on_side(ops, d_y)
     return d_y.transpose(1, 0, 2) if layer.batch_first else d_y
 
 
-def check_extra(layer: RNN, extra: Any, T: int, B: int, dtype: np.dtype
-                ) -> dict[str, np.ndarray]:
-    """Return the extra inputs time-major, ``(T, B, size)`` each, all of them given."""
+def check_extra(layer: RNN, extra: Any, T: int, B: int, dtype: np.dtype,
+                device: Device | None = None) -> dict[str, np.ndarray]:
+    """Return the extra inputs time-major, ``(T, B, size)`` each, all of them given (device
+    arrays of ``device`` in a device call)."""
     sizes = layer.extra_sizes
     if extra is None:
         extra = {}
@@ -290,7 +339,7 @@ def check_extra(layer: RNN, extra: Any, T: int, B: int, dtype: np.dtype
                              f"{sorted(sizes)} besides x; pass extra={{{missing[0]!r}: ...}}")
     out = {}
     for name, n in sizes.items():
-        arr = validate.as_array(extra[name], f"extra input {name!r}")
+        arr = validate.as_array(extra[name], f"extra input {name!r}", device)
         want = (B, T, n) if layer.batch_first else (T, B, n)
         layout = "(B, T, size)" if layer.batch_first else "(T, B, size)"
         if arr.shape != want:

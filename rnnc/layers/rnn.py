@@ -93,6 +93,11 @@ class RNN:
 
     Parameters are ``layer.params[layer][direction]``, a dict of arrays with rnnc's names
     (``W_ii, ..., b_ho`` for LSTM; see ``rnnc.interop.weights``).
+
+    With ``backend="cuda"``, a call whose ``x`` is a device array (CuPy, a CUDA tensor, ...)
+    is a device call (``docs/device-calls.md``): outputs, states, the tape and gradients stay
+    on the device. ``layer.transfers`` holds the bytes the glue between the cells copied each
+    way in the last call (each cell call's own copies are its runner's ``transfers``).
     """
 
     def __init__(self, mode: str | CellFactory, input_size: int, hidden_size: int,
@@ -114,6 +119,9 @@ class RNN:
         self.backend = checks.check_backend(fastest_backend() if backend is None else backend)
         self.backend_options = dict(backend_options)
         self._rng = np.random.default_rng(seed)
+        self.transfers = {"to_device": 0, "to_host": 0}
+        # Host parameters uploaded for device calls, by (layer, direction): see layers.run.
+        self._uploaded: dict[tuple[int, int], tuple[np.ndarray, Any]] = {}
         self._cells: dict[int, Cell] = {}
         self._functions: dict[tuple[int, bool], Function] = {}
         first = self._cell(self.input_size)
@@ -180,14 +188,14 @@ class RNN:
     # -- pickling: compiled functions hold native code, so they are rebuilt from the cell
     def __getstate__(self) -> dict[str, Any]:
         checks.check_picklable(self.mode)
-        return {**self.__dict__, "_cells": {}, "_functions": {}}
+        return {**self.__dict__, "_cells": {}, "_functions": {}, "_uploaded": {}}
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RNN:
         """Copy everything but the cells and compiled functions, which are immutable: share."""
         new = type(self).__new__(type(self))
         memo[id(self)] = new
         shared = {"mode": self.mode, "_cells": dict(self._cells),
-                  "_functions": dict(self._functions)}
+                  "_functions": dict(self._functions), "_uploaded": {}}
         new.__dict__.update({k: shared[k] if k in shared else copy.deepcopy(v, memo)
                              for k, v in self.__dict__.items()})
         return new

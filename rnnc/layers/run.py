@@ -5,6 +5,13 @@ t = T-1 ... 0 on the input as it is, whose masked steps (t past a sequence's len
 first and hold the initial state, so each sequence starts at its own last step, as PyTorch's
 packed sequences do. Outputs are zero past each sequence's length; dropout multiplies each
 layer's output but the last by a mask.
+
+A device call (``x`` a device array, ``backend="cuda"``; ``docs/device-calls.md``) runs the
+same glue on the device through ``rnnc.layers.arrays.Arrays``, and every cell call is a device
+call. Host parameters are packed and uploaded once per layer and direction and reused while
+they hold the same values (compared on the host at each call); device parameters are packed
+on the device by each cell call. ``layer.transfers`` holds what the glue of the last call
+copied between host and device.
 """
 
 from __future__ import annotations
@@ -16,7 +23,9 @@ import numpy as np
 
 from rnnc import philox
 from rnnc.api import Tape
+from rnnc.device import Device
 from rnnc.layers import checks
+from rnnc.layers.arrays import Arrays
 
 if TYPE_CHECKING:
     from rnnc.layers.rnn import RNN
@@ -36,31 +45,21 @@ class LayerTape:
     tapes: list[list[Tape]]  # [layer][direction]
     dropout_masks: list[np.ndarray | None]  # after layer k, for k < num_layers - 1
     extra: dict[str, np.ndarray] = field(default_factory=dict)  # time-major, as given
+    device: Device | None = None  # a device call's device: every array above lives there
 
 
-def layer_extra(layer: RNN, k: int, extra: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def layer_extra(layer: RNN, k: int, extra: dict[str, np.ndarray], ops: Arrays
+                ) -> dict[str, np.ndarray]:
     """The extra inputs layer ``k`` reads: all of them, or zeros above layer 0 with
     ``extra_inputs="first"``."""
     if k == 0 or layer.extra_inputs == "all":
         return extra
-    return {n: np.zeros_like(a) for n, a in extra.items()}
+    return {n: ops.zeros_like(a) for n, a in extra.items()}
 
 
 def reads_extra(layer: RNN, k: int) -> bool:
     """Whether layer ``k`` reads the caller's extra inputs (its gradients count)."""
     return bool(layer.extra_sizes) and (k == 0 or layer.extra_inputs == "all")
-
-
-def valid_steps(T: int, lens: np.ndarray | None) -> np.ndarray | None:
-    """Return a ``(T, B, 1)`` mask, true inside each sequence's length (None: all valid)."""
-    if lens is None:
-        return None
-    return (np.arange(T)[:, None] < lens[None, :])[:, :, None]
-
-
-def zero_past_lengths(a: np.ndarray, valid: np.ndarray | None) -> np.ndarray:
-    """Return ``a`` with the steps past each sequence's length set to zero."""
-    return a if valid is None else np.where(valid, a, 0).astype(a.dtype, copy=False)
 
 
 def call_seed(layer: RNN, seed: Any, rng: np.random.Generator) -> int | None:
@@ -79,23 +78,35 @@ def layer_seed(seed: int | None, k: int, d: int) -> int | None:
     return int(words[0]) | int(words[1]) << 32
 
 
+def params_dtype(layer: RNN, grid: list[list[Any]]) -> np.dtype:
+    """The dtype of a call's parameters (a device array may tell it through its CUDA array
+    interface only), which the call's arrays must have; the layer's when there are none."""
+    first = next(iter(grid[0][0].values()), None)
+    if first is None:
+        return layer.dtype
+    typestr = getattr(first, "__cuda_array_interface__", {}).get("typestr")
+    return np.dtype(first.dtype if typestr is None else typestr)
+
+
 def run(layer: RNN, x: Any, lengths: Any, states: Any, params: Any, train: bool,
         rng: np.random.Generator, apply_dropout: bool | None, extra: Any = None,
         seed: Any = None) -> Result:
     """``(y, final_states, tape)`` of ``RNN.forward`` (the tape is None unless ``train``)."""
     seed = call_seed(layer, seed, rng)
     grid = checks.check_params(layer, params)
-    dtype = np.dtype(next(iter(grid[0][0].values())).dtype) if grid[0][0] else layer.dtype
-    x = checks.check_x(layer, x, dtype)
+    dtype = params_dtype(layer, grid)
+    ops = Arrays(checks.call_device(layer, x, extra))
+    x = checks.check_x(layer, x, dtype, ops)
     T, B = x.shape[:2]
     lens = checks.check_lengths(layer, lengths, T, B)
-    init = checks.check_states(layer, states, B, dtype, T=T)
-    extra = checks.check_extra(layer, extra, T, B, dtype)
+    init = checks.check_states(layer, states, B, dtype, T=T, ops=ops)
+    extra = checks.check_extra(layer, extra, T, B, dtype, ops.device)
     if B == 0:  # nothing to compute; compiled functions refuse an empty batch
-        return run_empty(layer, T, dtype, train)
+        return run_empty(layer, T, dtype, train, ops)
     L, D = layer.num_layers, layer.num_directions
-    valid = valid_steps(T, lens)
-    final = {n: np.empty((L * D, B, s), dtype) for n, s in layer.state_sizes.items()}
+    grid = cell_params(layer, grid, ops)
+    valid = ops.valid_steps(T, lens)
+    final = {n: ops.zeros((L * D, B, s), dtype) for n, s in layer.state_sizes.items()}
     drop = (train if apply_dropout is None else apply_dropout) and layer.dropout > 0
     tapes: list[list[Tape]] = []
     masks: list[np.ndarray | None] = []
@@ -104,21 +115,50 @@ def run(layer: RNN, x: Any, lengths: Any, states: Any, params: Any, train: bool,
         outs, row = [], []
         for d in range(D):
             st0 = {n: init[n][k * D + d] for n in layer.state_sizes}
-            seqs = {layer.input_name: inp, **layer_extra(layer, k, extra)} if extra else inp
+            seqs = {layer.input_name: inp, **layer_extra(layer, k, extra, ops)} if extra \
+                else inp
             y, st, tape = _run_direction(layer, k, d, seqs, grid[k][d], st0, lens, train,
                                          layer_seed(seed, k, d))
-            outs.append(zero_past_lengths(y, valid))
+            outs.append(ops.zero_past_lengths(y, valid))
             row.append(tape)
             for n in layer.state_sizes:
                 final[n][k * D + d] = st[n]
-        inp = outs[0] if D == 1 else np.concatenate(outs, axis=2)
+        inp = outs[0] if D == 1 else ops.concatenate(outs, axis=2)
         tapes.append(row)
         if k < L - 1:
-            masks.append(dropout_mask(inp.shape, layer.dropout, dtype, rng) if drop else None)
+            masks.append(ops.dropout_mask(inp.shape, layer.dropout, dtype, rng) if drop
+                         else None)
             inp = inp if masks[-1] is None else inp * masks[-1]
     y = inp.transpose(1, 0, 2) if layer.batch_first else inp
-    tape = LayerTape(layer, T, B, dtype, lens, tapes, masks, extra) if train else None
-    return np.ascontiguousarray(y), final, tape
+    tape = LayerTape(layer, T, B, dtype, lens, tapes, masks, extra, ops.device) if train \
+        else None
+    layer.transfers = ops.transfers
+    return ops.contiguous(y), final, tape
+
+
+def cell_params(layer: RNN, grid: list[list[Any]], ops: Arrays) -> list[list[Any]]:
+    """What each cell call of a run takes as its parameters: the grid's dicts in a host call
+    or when they are device arrays (packed on the device by the call; a dict mixing host and
+    device arrays is refused there), else a flat device buffer uploaded once and reused while
+    the host values stay the same."""
+    if ops.device is None:
+        return grid
+    # Kept on the layer, keyed by layer and direction; not pickled (rnnc.layers.rnn).
+    uploaded = layer.__dict__.setdefault("_uploaded", {})
+    out = []
+    for k, row in enumerate(grid):
+        out.append([])
+        for d, params in enumerate(row):
+            if any(ops.device.holds(v) for v in params.values()):
+                out[k].append(params)
+                continue
+            flat = layer.function(k, d).pack(params)  # checks names, shapes and dtypes
+            cached = uploaded.get((k, d))
+            if cached is None or cached[0].dtype != flat.dtype \
+                    or not np.array_equal(cached[0], flat):
+                cached = uploaded[k, d] = (flat, ops.upload(flat))
+            out[k].append(cached[1])
+    return out
 
 
 def _run_direction(layer: RNN, k: int, d: int, inp: Any, params: dict[str, Any],
@@ -134,20 +174,12 @@ def _run_direction(layer: RNN, k: int, d: int, inp: Any, params: dict[str, Any],
     return ys[layer.output_name], st, tape
 
 
-def dropout_mask(shape: tuple[int, ...], p: float, dtype: np.dtype,
-                 rng: np.random.Generator) -> np.ndarray:
-    """Inverted dropout: zero with probability ``p``, else ``1 / (1 - p)``."""
-    keep = rng.random(shape) >= p
-    if p < 1.0:
-        return keep.astype(dtype) / dtype.type(1.0 - p)
-    return np.zeros(shape, dtype)  # torch's dropout=1 zeroes everything
-
-
-def run_empty(layer: RNN, T: int, dtype: np.dtype, train: bool) -> Result:
+def run_empty(layer: RNN, T: int, dtype: np.dtype, train: bool, ops: Arrays) -> Result:
     """The result of an empty batch (B = 0): empty outputs and states, as torch returns."""
     LD = layer.num_layers * layer.num_directions
     width = layer.num_directions * layer.output_size
-    y = np.zeros((0, T, width) if layer.batch_first else (T, 0, width), dtype)
-    final = {n: np.zeros((LD, 0, s), dtype) for n, s in layer.state_sizes.items()}
-    tape = LayerTape(layer, T, 0, dtype, None, [], []) if train else None
+    y = ops.zeros((0, T, width) if layer.batch_first else (T, 0, width), dtype)
+    final = {n: ops.zeros((LD, 0, s), dtype) for n, s in layer.state_sizes.items()}
+    tape = LayerTape(layer, T, 0, dtype, None, [], [], device=ops.device) if train else None
+    layer.transfers = ops.transfers
     return y, final, tape
