@@ -17,7 +17,6 @@ import pytest
 
 import rnnc
 from rnnc.errors import RnncTypeError, RnncValueError
-
 from tests.backends.test_cuda_backend import gpu_reason
 
 I, H, T, B = 3, 4, 5, 2
