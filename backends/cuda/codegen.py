@@ -5,8 +5,12 @@ A region that reduces over the feature axis gets a kernel with one thread per ro
 
 :func:`render` walks the program's schedule (:mod:`rnnc.backends.schedule`) and gives each
 step that does work a :class:`Launch` of a kernel (written by :mod:`.kernels`) or a
-:class:`Gemm`. Matmuls are not kernels: the runtime runs them as GEMMs. The source is
-deterministic text without node ids, and identical kernels are emitted once.
+:class:`Gemm`. Matmuls are not kernels: the runtime runs them as GEMMs, except a loop body's
+product that a fused step computes together with the region reading it (:mod:`.fused_step`):
+that pair becomes one :class:`~.fused_step.FusedStep`. ``fused_step`` chooses: "never" renders
+the GEMM path only, "always" the fused path only, "auto" both (the body's GEMM path in
+``Module.gemm_body``, the fused one in ``Module.steps``), so a runner can time them. The source
+is deterministic text without node ids, and identical kernels are emitted once.
 """
 
 from __future__ import annotations
@@ -15,6 +19,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from rnnc import ops
+from rnnc.backends.cuda.fused_step import (
+    FusedStep,
+    Pair,
+    fused_kernel_source,
+    fused_mode,
+    fused_pairs,
+    region_operands,
+)
 from rnnc.backends.cuda.kernels import kernel_source
 from rnnc.backends.cuda.rows import row_kernel_source, row_shape
 from rnnc.backends.cuda.rules import CudaRenderer
@@ -51,6 +63,9 @@ class Gemm:
     shape: Shape
 
 
+Work = Launch | Gemm | FusedStep
+
+
 @dataclass
 class Module:
     """A program's kernel source and, per graph, the steps that run it."""
@@ -58,9 +73,17 @@ class Module:
     dtype: str
     source: str  # header + prelude + kernels: what NVRTC (or the emulator) compiles
     kernels: list[str]
-    steps: dict[str, list[Launch | Gemm]] = field(default_factory=dict)
+    steps: dict[str, list[Work]] = field(default_factory=dict)
     prelude: str = ""  # the helper functions, shared by every module of the same dtype
     kernel_text: str = ""  # the kernels alone
+    # "auto" with a fused step: the loop body as GEMMs and kernels, the other path to time.
+    gemm_body: list[Work] | None = None
+    barriers: list[str] = field(default_factory=list)  # kernels that wait at __syncthreads
+
+    @property
+    def fused(self) -> bool:
+        """Whether ``steps`` holds a fused step."""
+        return any(isinstance(s, FusedStep) for s in self.steps.get("body", ()))
 
 
 def single_node_region(nodes: Mapping[int, Node], step: Step, dtype: str
@@ -90,6 +113,21 @@ class _Kernels:
     def __init__(self, renderer: CudaRenderer, prefix: str) -> None:
         self.renderer, self.prefix = renderer, prefix
         self.names: dict[str, str] = {}  # kernel text with a placeholder name -> name
+        self.barriers: set[str] = set()
+
+    def name(self, text: str) -> str:
+        """The kernel name of ``text``, a new one the first time."""
+        return self.names.setdefault(text, f"{self.prefix}{len(self.names)}")
+
+    def fused(self, step: Step, pair: Pair) -> FusedStep:
+        """The fused step computing ``pair``'s product and the region ``step``."""
+        region = step.attrs["region"]
+        name = self.name(fused_kernel_source(region, pair, self.renderer))
+        self.barriers.add(name)
+        a, b = pair.matmul.inputs
+        shapes = tuple(tuple(region.node(o).shape) for o in region.outputs.values())
+        return FusedStep(step.slot, pair.matmul.slot, name, region_operands(step, pair), a, b,
+                         shapes, pair.tile)
 
     def launch(self, nodes: Mapping[int, Node], step: Step) -> Launch:
         """The launch computing ``step``: its fused region, or the step alone."""
@@ -105,19 +143,25 @@ class _Kernels:
                                      comment + ", one thread per row")
         else:
             text = kernel_source("@KERNEL@", region, self.renderer, comment)
-        name = self.names.setdefault(text, f"{self.prefix}{len(self.names)}")
         shapes = tuple(tuple(region.node(o).shape) for o in region.outputs.values())
-        return Launch(step.slot, name, tuple(operands), shapes, step.op is FUSED, per_row)
+        return Launch(step.slot, self.name(text), tuple(operands), shapes, step.op is FUSED,
+                      per_row)
 
 
-def graph_steps(graph: GraphSchedule, kernels: _Kernels) -> list[Launch | Gemm]:
-    """The launches and GEMMs of one graph, in schedule order."""
-    steps: list[Launch | Gemm] = []
+def graph_steps(graph: GraphSchedule, kernels: _Kernels,
+                pairs: Mapping[int, Pair] | None = None) -> list[Work]:
+    """The launches and GEMMs of one graph, in schedule order; a region in ``pairs`` (by its
+    slot) becomes a fused step with its product, at the region's place."""
+    pairs = pairs or {}
+    absorbed = {pair.matmul.slot for pair in pairs.values()}
+    steps: list[Work] = []
     nodes = {step.slot: step.node for step in graph.steps}
     for step in graph.steps:
-        if step.op in (ARG, GET, ops.constant):
+        if step.op in (ARG, GET, ops.constant) or step.slot in absorbed:
             continue  # values, not work: read from the environment, picked, or made once
-        if step.op is ops.matmul:
+        if step.slot in pairs:
+            steps.append(kernels.fused(step, pairs[step.slot]))
+        elif step.op is ops.matmul:
             attrs = step.attrs
             steps.append(Gemm(step.slot, *step.inputs, bool(attrs.get("transpose_a")),
                               bool(attrs.get("transpose_b")), step.node.shape))
@@ -125,29 +169,41 @@ def graph_steps(graph: GraphSchedule, kernels: _Kernels) -> list[Launch | Gemm]:
             steps.append(kernels.launch(nodes, step))
         elif step.op.kind is ops.OpKind.SCAN:  # over the time axis, outside the loop: scan.py
             text, operands = scan_kernel(step, nodes, kernels.renderer)
-            name = kernels.names.setdefault(text, f"{kernels.prefix}{len(kernels.names)}")
-            steps.append(Launch(step.slot, name, operands, (step.node.shape,), False))
+            steps.append(Launch(step.slot, kernels.name(text), operands, (step.node.shape,),
+                                False))
         else:
             raise NotImplementedError(f"cuda: no lowering for {step.op.name}")
     return steps
 
 
-def render(program: Program | ProgramSchedule, prefix: str = "k_") -> Module:
+def render(program: Program | ProgramSchedule, prefix: str = "k_", fused_step: str = "auto"
+           ) -> Module:
     """The kernel source and steps of ``program``; deterministic for a given program.
 
     Kernels are named ``prefix`` + a number; distinct prefixes let several programs' kernels
-    share one module (``prelude`` once, then each ``kernel_text``).
+    share one module (``prelude`` once, then each ``kernel_text``). ``fused_step``: "auto",
+    "always" or "never" (module doc); a backward :class:`Program` renders as "never" (a
+    schedule does not say what it computes: the caller decides, :func:`.fused_step.fused_mode`).
     """
+    if isinstance(program, Program):
+        fused_step = fused_mode(program, fused_step)
     schedule = program if isinstance(program, ProgramSchedule) else schedule_program(program)
     renderer = CudaRenderer(schedule.dtype)
     kernels = _Kernels(renderer, prefix)
     module = Module(schedule.dtype, "", [])
-    for where, graph in (("pre", schedule.pre), ("body", schedule.body),
-                         ("post", schedule.post)):
-        module.steps[where] = graph_steps(graph, kernels)
+    pairs = {} if fused_step == "never" else fused_pairs(schedule.body, schedule.dtype)
+    module.steps["pre"] = graph_steps(schedule.pre, kernels)
+    if pairs and fused_step == "auto":
+        module.gemm_body = graph_steps(schedule.body, kernels)
+    module.steps["body"] = graph_steps(schedule.body, kernels, pairs)
+    module.steps["post"] = graph_steps(schedule.post, kernels)
     module.kernels = list(kernels.names.values())
+    module.barriers = sorted(kernels.barriers)
     header = (f"// rnnc: CUDA kernels of one program ({renderer.ctype}).\n"
               f"// One thread per output element, grid-stride loops; sizes T and B at run time.\n")
+    if module.barriers:
+        header += ("// A fused step's kernel: one block per tile of rows and hidden units, "
+                   "shared memory.\n")
     module.prelude = renderer.prelude()
     module.kernel_text = "".join("\n" + text.replace("@KERNEL@", name)
                                  for text, name in kernels.names.items())

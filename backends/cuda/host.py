@@ -9,7 +9,10 @@ once per program (:class:`ScanPlan`): body values live in two buffers used on al
 so a carried value read at step t+1 is never the buffer being written at step t+1, and a
 stacked output computed by a kernel or GEMM is written straight into its slot of the (T, ...)
 result. A kernel runs one thread per element of its largest result, or one per row when its
-launch says so (a region that reduces over features); fused nodes run alike in every graph.
+launch says so (a region that reduces over features); fused nodes run alike in every graph. A
+fused step (:mod:`.fused_step`) is one launch of a block per tile of rows and hidden units; the
+product it absorbs has no buffer. A host runs one path of a module: ``fused=False`` takes the
+loop body of ``Module.gemm_body`` (GEMM and kernel) where the module has both.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from rnnc import ops
-from rnnc.backends.cuda.codegen import BLOCK, Gemm, Launch, Module
+from rnnc.backends.cuda.codegen import BLOCK, Gemm, Module, Work
+from rnnc.backends.cuda.fused_step import FusedStep
 from rnnc.backends.cuda.plan import Entry, Plan
 from rnnc.backends.schedule import GraphSchedule, ProgramSchedule, resolve
 from rnnc.ir import ARG, GET, Shape
@@ -66,11 +70,11 @@ class ScanPlan:
     behind: dict[str, str]
 
 
-def plan_scan(body: GraphSchedule, steps: list[Launch | Gemm], stacked: tuple[str, ...],
+def plan_scan(body: GraphSchedule, steps: list[Work], stacked: tuple[str, ...],
               carries: tuple[str, ...]) -> ScanPlan:
     """The buffer plan of a loop body whose work is ``steps``."""
     made = {(s.node, k): shape for s in steps for k, shape in
-            enumerate(s.shapes if isinstance(s, Launch) else (s.shape,))}
+            enumerate((s.shape,) if isinstance(s, Gemm) else s.shapes)}
     into_stack: dict[Key, str] = {}
     for name in stacked:
         key = body.outputs[name].source
@@ -99,18 +103,23 @@ class Host:
     """Runs one program's schedule over device arrays with its loaded kernels."""
 
     def __init__(self, xp: Any, schedule: ProgramSchedule, module: Module,
-                 kernels: Mapping[str, Any]) -> None:
+                 kernels: Mapping[str, Any], fused: bool = True) -> None:
         self.xp = xp
         self.schedule = schedule
         self.kernels = kernels
         self.dtype = schedule.numpy_dtype
-        self.work = {where: {s.node: s for s in steps} for where, steps in module.steps.items()}
+        steps = dict(module.steps)
+        if not fused and module.gemm_body is not None:
+            steps["body"] = module.gemm_body
+        self.work = {where: {s.node: s for s in work} for where, work in steps.items()}
+        # Products a fused step computes in its own registers: no step of their own.
+        self.absorbed = {s.product for s in steps["body"] if isinstance(s, FusedStep)}
         # Constants outside fused regions, made once: nothing is allocated inside a capture.
         self.constants = {step.slot: xp.full((), step.attrs["value"], self.dtype)
                           for graph in (schedule.pre, schedule.body, schedule.post)
                           for step in graph.steps if step.op is ops.constant}
         scan = schedule.scan
-        self.scan_plan = plan_scan(schedule.body, module.steps["body"], scan.stacked,
+        self.scan_plan = plan_scan(schedule.body, steps["body"], scan.stacked,
                                    tuple(c.name for c in scan.carries))
 
     def plan(self, inputs: Mapping[str, Any], dims: Mapping[str, int]) -> Plan:
@@ -135,6 +144,7 @@ class Host:
         shape)`` gives result arrays."""
         vals: dict[int, Any] = {}
         work = self.work[at.where]
+        absorbed = self.absorbed if at.where == "body" else frozenset()
         size_args = (np.int64(dims["T"]), np.int64(dims["B"]))
         for step in graph.steps:
             op = step.op
@@ -144,14 +154,16 @@ class Host:
                 vals[step.slot] = vals[step.inputs[0]][step.attrs["index"]]
             elif op is ops.constant:
                 vals[step.slot] = self.constants[step.slot]
-            else:
+            elif step.slot not in absorbed:
                 vals[step.slot] = self.record_step(plan, at, work[step.slot], vals, destination,
                                                    size_args)
         return {name: vals[output.slot] for name, output in graph.outputs.items()}
 
-    def record_step(self, plan: Plan, at: Entry, step: Launch | Gemm, vals: Mapping[int, Any],
+    def record_step(self, plan: Plan, at: Entry, step: Work, vals: Mapping[int, Any],
                     destination: Destination, size_args: tuple[np.int64, np.int64]) -> Any:
         """Record one kernel or GEMM; its result, or the tuple of a fused kernel's results."""
+        if isinstance(step, FusedStep):
+            return self.record_fused(plan, at, step, vals, destination, size_args)
         if isinstance(step, Gemm):
             out = destination((step.node, 0), step.shape)
             self.record_gemm(plan, replace(at, kind="gemm"), vals[step.a], vals[step.b], out,
@@ -166,6 +178,19 @@ class Host:
             plan.record(replace(at, kind="kernel"), self.kernels[step.kernel], (grid,), (BLOCK,),
                         args)
         return tuple(outs) if step.fused else outs[0]
+
+    def record_fused(self, plan: Plan, at: Entry, step: FusedStep, vals: Mapping[int, Any],
+                     destination: Destination, size_args: tuple[np.int64, np.int64]
+                     ) -> tuple[Any, ...]:
+        """Record a fused step: one block per tile of rows and units; its results."""
+        outs = tuple(destination((step.node, k), shape) for k, shape in enumerate(step.shapes))
+        batch = int(size_args[1])
+        if batch:
+            args = tuple(vals[i] for i in step.inputs) + (vals[step.a], vals[step.b]) + outs + \
+                size_args
+            plan.record(replace(at, kind="kernel"), self.kernels[step.kernel],
+                        (step.tile.blocks(batch),), (step.tile.threads,), args)
+        return outs
 
     def record_gemm(self, plan: Plan, at: Entry, a: Any, b: Any, out: Any, transpose_a: bool,
                     transpose_b: bool) -> None:

@@ -210,7 +210,6 @@ class KernelWriter:
     def _emit_value(self, key: tuple[int, str, str]) -> str:
         nid, row, col = key
         node = self.region.node(nid)
-        shape = node.shape
         used = set(IDENTIFIER.findall(f"{row} {col}"))
         level = max(i for i, scope in enumerate(self.scopes) if i == 0 or scope.var in used)
         if level < len(self.scopes) - 1:
@@ -221,9 +220,7 @@ class KernelWriter:
             self.scopes += inner
             return name
         if node.op is ARG:
-            index = col if row == "0" else (
-                f"{row} * {width(shape)} + {col}" if col != "0" else f"{row} * {width(shape)}")
-            expr = f"{self.pointers[nid]}[{index}]"
+            expr = self.load(nid, row, col)
         else:
             expr = self.render(node, row, col)
             if IDENTIFIER.fullmatch(expr) or node.op is ops.constant:
@@ -235,6 +232,14 @@ class KernelWriter:
         self.emit(f"const {self.r.ctype} {name} = {expr};")
         self.scopes[-1].memo[key] = name
         return name
+
+    def load(self, nid: int, row: str, col: str) -> str:
+        """The C expression reading element (row, col) of the region argument ``nid``: its
+        kernel operand in global memory (a fused step's epilogue reads the product from the
+        accumulators instead, :mod:`.fused_step`)."""
+        w = width(self.region.node(nid).shape)
+        index = col if row == "0" else (f"{row} * {w} + {col}" if col != "0" else f"{row} * {w}")
+        return f"{self.pointers[nid]}[{index}]"
 
     def render(self, node: Node, row: str, col: str) -> str:
         """The C expression of ``node``'s rule at element (row, col)."""

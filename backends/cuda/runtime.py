@@ -24,22 +24,33 @@ shape runs its plan call by call instead. In emulation the plan runs call by cal
 what a replay does.
 
 ``precision="tf32"`` runs float32 GEMMs in TensorFloat-32 (:mod:`.precision`).
+
+``fused_step`` chooses how a step of the loop runs its recurrent product where the region
+reading it is unit-local (:mod:`.fused_step`): ``"never"`` keeps a cuBLAS GEMM and an
+elementwise kernel; ``"always"`` runs one fused kernel (product tile and epilogue) instead;
+``"auto"`` (the default) is ``"always"`` in emulation, so the test suite runs the fused kernels,
+and on a GPU times both plans on the first call of each shape and keeps the faster one for that
+shape (:mod:`.autotune`). The fused kernel computes the product in full float32, so
+``precision="tf32"`` keeps the GEMM path for float32 programs; backward programs keep it too.
+Where a module has barrier kernels, emulation loads it through :mod:`.mixed`.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 import numpy as np
 
+from rnnc.backends.cuda import autotune
 from rnnc.backends.cuda import precision as precision_module
-from rnnc.backends.cuda.codegen import render
+from rnnc.backends.cuda.codegen import Module, render
 from rnnc.backends.cuda.device import CudaDevice, EmulatedArray
+from rnnc.backends.cuda.fused_step import check_mode, fused_mode
 from rnnc.backends.cuda.host import Host
 from rnnc.backends.cuda.plan import Plan, Plans, shape_key
-from rnnc.backends.schedule import schedule_program
+from rnnc.backends.schedule import ProgramSchedule, schedule_program
 from rnnc.errors import BackendUnavailable, RnncValueError
 from rnnc.ir import Program
 
@@ -70,13 +81,14 @@ class CudaBackend:
     name = "cuda"
 
     def __init__(self, emulate: bool = False, graph: bool = False, precision: str = "highest",
-                 **options: Any) -> None:
+                 fused_step: str = "auto", **options: Any) -> None:
         if options:
-            raise RnncValueError(f"backend 'cuda' takes emulate=, graph= and precision=, got "
-                                 f"{sorted(options)}")
+            raise RnncValueError(f"backend 'cuda' takes emulate=, graph=, precision= and "
+                                 f"fused_step=, got {sorted(options)}")
         self.emulate = bool(emulate)
         self.graph = bool(graph)
         self.precision = precision_module.check(precision)
+        self.fused_step = check_mode(fused_step)
         self.cupy = None if self.emulate else load_cupy()
         # Device calls (docs/device-calls.md): how the API adopts and makes device arrays.
         self.device = CudaDevice(self.xp, self.emulate)
@@ -86,9 +98,14 @@ class CudaBackend:
         """The array module: CuPy on a GPU, NumPy in emulation."""
         return np if self.cupy is None else self.cupy
 
-    def load(self, source: str, names: list[str]) -> Any:
-        """Compile ``source``; return an object whose ``get_function(name)`` gives kernels."""
+    def load(self, source: str, names: list[str], barriers: list[str] | None = None) -> Any:
+        """Compile ``source``; return an object whose ``get_function(name)`` gives kernels.
+        ``barriers`` names the kernels that use shared memory and ``__syncthreads()``."""
         if self.cupy is None:
+            if barriers:
+                from rnnc.backends.cuda.mixed import MixedModule
+
+                return MixedModule(source, names, barriers)
             from rnnc.backends.cuda.emulate import EmulatedModule
 
             return EmulatedModule(source, names)
@@ -103,21 +120,28 @@ class Runner:
     """A built program: ``runner(env, dims)`` runs it; ``runner.source`` is its kernel source.
 
     ``runner.transfers`` holds the bytes the last call copied to the device and back
-    (``to_device``, ``to_host``), counted alike on a GPU and in emulation."""
+    (``to_device``, ``to_host``), counted alike on a GPU and in emulation. ``runner.hosts``
+    holds a host per path the module has ("fused", "gemm"); ``runner.paths`` the path
+    ``fused_step="auto"`` chose for each shape on a GPU (:mod:`.autotune`)."""
 
     def __init__(self, backend: CudaBackend, program: Program) -> None:
         schedule = schedule_program(program)
-        module = render(schedule)
         self.backend = backend
+        self.dtype = schedule.numpy_dtype
+        # TF32 GEMMs (backends/cuda/precision.py): float32 programs only. The fused kernel
+        # computes its product in full float32, so TF32 keeps the GEMM path.
+        self.tf32 = backend.precision == "tf32" and self.dtype == np.float32
+        mode = "never" if self.tf32 else fused_mode(program, backend.fused_step)
+        module = render(schedule, fused_step=mode)
         self.source = module.source
         self.xp = backend.xp
-        self.dtype = schedule.numpy_dtype
-        self.loaded = backend.load(module.source, module.kernels)
+        self.loaded = backend.load(module.source, module.kernels, module.barriers)
         kernels = {name: self.loaded.get_function(name) for name in module.kernels}
-        # TF32 GEMMs (backends/cuda/precision.py): float32 programs only.
-        self.tf32 = backend.precision == "tf32" and self.dtype == np.float32
         xp = precision_module.Tf32Numpy() if self.tf32 and backend.cupy is None else self.xp
-        self.host = Host(xp, schedule, module, kernels)
+        self.hosts = _hosts(xp, schedule, module, kernels)
+        self.host = self.hosts.get("fused", self.hosts.get("gemm"))
+        self.timed = mode == "auto" and backend.cupy is not None and len(self.hosts) == 2
+        self.paths: dict[Hashable, str] = {}
         self.plans = Plans()
         self.transfers = {"to_device": 0, "to_host": 0}
         # One call at a time: a plan's buffers serve every call of its shape.
@@ -138,9 +162,10 @@ class Runner:
     def _call(self, env: Mapping[str, Any], dims: Mapping[str, int], on_device: bool
               ) -> dict[str, Any]:
         with self._lock:
-            plan = self.plans.get(shape_key(env, dims), lambda: self._new_plan(env, dims))
+            key = shape_key(env, dims)
             cupy = self.backend.cupy
             if cupy is None:
+                plan = self.plans.get(key, lambda: self._new_plan(key, env, dims))
                 return self._emulated(plan, env, on_device)
             if self._stream is None:
                 self._stream = cupy.cuda.Stream(non_blocking=True)
@@ -148,15 +173,26 @@ class Runner:
             # The caller's stream may still be writing its device inputs: wait for it there,
             # and make it wait for the results, without stopping the host.
             stream.wait_event(caller.record())
+            plan = self.plans.get(key, lambda: self._new_plan(key, env, dims))
             with stream, precision_module.tf32_gemms(cupy, self.tf32):
                 results = self._on_device(plan, env, stream, on_device)
             if on_device:
                 caller.wait_event(stream.record())
             return results
 
-    def _new_plan(self, env: Mapping[str, Any], dims: Mapping[str, int]) -> Plan:
-        inputs = {n: self.xp.empty(tuple(v.shape), v.dtype) for n, v in env.items()}
-        return self.host.plan(inputs, dims)
+    def _new_plan(self, key: Hashable, env: Mapping[str, Any], dims: Mapping[str, int]
+                  ) -> Plan:
+        """The plan of a new shape; with ``auto`` on a GPU, the faster of both paths' plans
+        (timed once per shape, the choice kept in ``paths``)."""
+        def inputs() -> dict[str, Any]:
+            return {n: self.xp.empty(tuple(v.shape), v.dtype) for n, v in env.items()}
+
+        path = self.paths.get(key)
+        if path is None and self.timed:
+            plans = {name: host.plan(inputs(), dims) for name, host in self.hosts.items()}
+            path = self.paths[key] = autotune.faster(self.backend.cupy, self._stream, plans, env)
+            return plans[path]
+        return (self.hosts[path] if path else self.host).plan(inputs(), dims)
 
     def _emulated(self, plan: Plan, env: Mapping[str, Any], on_device: bool) -> dict[str, Any]:
         """Copy in, run the plan, copy out: what a GPU call does, in host memory."""
@@ -233,6 +269,18 @@ class Runner:
                 pass
             return None
         return stream.end_capture()
+
+
+def _hosts(xp: Any, schedule: ProgramSchedule, module: Module, kernels: Mapping[str, Any]
+           ) -> dict[str, Host]:
+    """A host per path ``module`` renders: "fused" (its steps hold a fused step) and "gemm"
+    (no fused step, or the GEMM body ``fused_step="auto"`` keeps beside it)."""
+    hosts = {}
+    if module.fused:
+        hosts["fused"] = Host(xp, schedule, module, kernels, fused=True)
+    if not module.fused or module.gemm_body is not None:
+        hosts["gemm"] = Host(xp, schedule, module, kernels, fused=False)
+    return hosts
 
 
 def _on_host(value: Any) -> bool:

@@ -39,14 +39,15 @@ def _plan(fn: rnnc.Function, mode: str = "inference", masked: bool = False) -> p
     return next(iter(plans.values()))
 
 
-@pytest.mark.parametrize("name, per_step", [
-    ("lstm", {"gemm": 1, "kernel": 1}),  # h @ U, then one fused kernel for every gate and state
-    ("gru", {"gemm": 1, "kernel": 1}),
-    ("peephole_lstm", {"gemm": 1, "kernel": 1}),
+@pytest.mark.parametrize("name", ["lstm", "gru", "peephole_lstm"])
+@pytest.mark.parametrize("fused_step, per_step", [
+    ("auto", {"kernel": 1}),  # in emulation "always": h @ U and every gate and state, fused
+    ("never", {"gemm": 1, "kernel": 1}),  # h @ U, then one fused kernel for every gate and state
 ])
-def test_a_step_is_one_gemm_and_one_kernel(name: str, per_step: dict) -> None:
+def test_a_step_is_one_fused_kernel_or_one_gemm_and_one_kernel(name: str, fused_step: str,
+                                                               per_step: dict) -> None:
     cell = getattr(rnnc.cells, name)(*SIZES)
-    fn = rnnc.compile(cell, backend="cuda", emulate=True)
+    fn = rnnc.compile(cell, backend="cuda", emulate=True, fused_step=fused_step)
     x, p = _inputs(cell, T=6)
     ys, finals = fn(x, p)
     want, want_finals = rnnc.compile(cell, optimize=False)(x, p)

@@ -1,0 +1,142 @@
+"""One tile of one step's recurrent product, as a CUDA device function a kernel calls.
+
+A step of a gated cell multiplies the carried state ``a`` (B, K) by the gates' matrices side by
+side, ``b`` (K, G*H): ``P = a @ b``, gate ``g`` in columns ``g*H + [0, H)``. A fused step
+(:mod:`.fused_step`) gives each block the batch rows ``[r0, r0 + rows)`` and the hidden units
+``[u0, u0 + units)``; the block needs the product columns ``g*H + [u0, u0 + units)`` of every gate
+and nothing else. :func:`tile_function` writes the device function computing them::
+
+    __device__ __forceinline__ void k_3_tile(const float* __restrict__ a,
+            const float* __restrict__ b, long long B, long long r0, long long u0,
+            float (&acc)[4][4], float* __restrict__ tile_a, float* __restrict__ tile_b)
+
+Thread ``t`` of the block owns one unit, ``u0 + t % units``, and ``rows_per_thread`` rows,
+``r0 + (t / units) * rows_per_thread + i``; it ends with ``acc[g][i]``, the product at row ``i``
+and gate ``g`` of its unit, in registers. The contraction axis K goes through shared memory
+``depth`` columns at a time (``tile_a``: rows x depth of ``a``, ``tile_b``: depth x G*units of
+``b``), with a ``__syncthreads()`` after loading a stage and after using it. Rows past ``B``,
+units past ``H`` and columns past ``K`` load zeros, so edge tiles need no other care, but every
+thread of the block must call the function. ``transpose_b`` reads ``b`` stored as (G*H, K)
+(``h @ U.T``, tied weights).
+
+The function takes its shared buffers and sizes as arguments and knows nothing of the epilogue,
+so a kernel that loops over the time steps itself (a persistent kernel) can call it once per
+step. :func:`choose_tile` picks the tile sizes from H, G, K and the element size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Threads of a block along the batch rows; along the units there are ``Tile.units`` of them.
+ROW_THREADS = 8
+MAX_UNITS = 32  # a warp spans consecutive units: coalesced loads of b and stores of results
+# Static shared memory a block may declare without opting in to more (every CUDA GPU).
+SHARED_BYTES = 48 * 1024
+DEPTHS = (16, 8, 4, 2, 1)
+
+
+@dataclass(frozen=True)
+class Tile:
+    """The sizes of one block's tile of a step: G gates of ``units`` units for ``rows`` rows."""
+
+    H: int  # hidden units (the product has G*H columns)
+    G: int  # gates
+    K: int  # the contraction axis
+    units: int  # hidden units per block, one per thread along that axis
+    rows_per_thread: int
+    depth: int  # columns of K per shared-memory stage
+
+    @property
+    def rows(self) -> int:
+        """Batch rows per block."""
+        return ROW_THREADS * self.rows_per_thread
+
+    @property
+    def threads(self) -> int:
+        """Threads per block."""
+        return ROW_THREADS * self.units
+
+    @property
+    def unit_blocks(self) -> int:
+        """Blocks along the hidden units: a grid has this many per block of rows."""
+        return -(-self.H // self.units)
+
+    def blocks(self, batch: int) -> int:
+        """The grid of a step with ``batch`` rows: every (rows, units) block."""
+        return -(-batch // self.rows) * self.unit_blocks
+
+    def shared_bytes(self, itemsize: int) -> int:
+        """The static shared memory of the two stage buffers."""
+        return (self.rows + self.G * self.units) * self.depth * itemsize
+
+
+def choose_tile(H: int, G: int, K: int, itemsize: int) -> Tile | None:
+    """The tile of a step with G gates of H units over K, or None when even the smallest stage
+    does not fit in static shared memory (the step then keeps its GEMM)."""
+    units = min(MAX_UNITS, 1 << max(H - 1, 0).bit_length())
+    # Fewer rows per thread for many gates: a thread's accumulators stay in registers.
+    rows_per_thread = 4 if G <= 8 else 2 if G <= 16 else 1
+    widest = max(1, 1 << max(K - 1, 0).bit_length())  # no deeper stage than K needs
+    for depth in DEPTHS:
+        if depth > widest and depth != DEPTHS[-1]:
+            continue
+        tile = Tile(H, G, K, units, rows_per_thread, depth)
+        if tile.shared_bytes(itemsize) <= SHARED_BYTES:
+            return tile
+    return None
+
+
+def tile_function(name: str, tile: Tile, ctype: str, transpose_b: bool) -> str:
+    """The device function ``name`` computing one tile into ``acc`` (see the module doc)."""
+    t, G, TM, U, D = ctype, tile.G, tile.rows_per_thread, tile.units, tile.depth
+    width = G * tile.H
+    b_index = f"(g * {tile.H} + u) * {tile.K} + k" if transpose_b else \
+        f"k * {width} + g * {tile.H} + u"
+    lines = [
+        f"// One tile of P = a @ b{'^T' if transpose_b else ''}: rows [r0, r0 + {tile.rows}), "
+        f"columns g*{tile.H} + [u0, u0 + {U}) of {G} gates,",
+        f"// over K = {tile.K} in stages of {D}; acc[g][i] is row i of this thread's unit. "
+        f"Every thread of the block calls it.",
+        f"__device__ __forceinline__ void {name}(",
+        f"    const {t}* __restrict__ a, const {t}* __restrict__ b, long long B, long long r0,",
+        f"    long long u0, {t} (&acc)[{G}][{TM}], {t}* __restrict__ tile_a, "
+        f"{t}* __restrict__ tile_b) {{",
+        "    const int unit = threadIdx.x % " + str(U) + ";",
+        f"    const int first = (threadIdx.x / {U}) * {TM};",
+        "    #pragma unroll",
+        f"    for (int g = 0; g < {G}; ++g) {{",
+        "        #pragma unroll",
+        f"        for (int i = 0; i < {TM}; ++i) acc[g][i] = {'0.0f' if t == 'float' else '0.0'};",
+        "    }",
+        f"    for (int k0 = 0; k0 < {tile.K}; k0 += {D}) {{",
+        f"        for (int e = threadIdx.x; e < {tile.rows * D}; e += {tile.threads}) {{",
+        f"            const long long r = r0 + e / {D};",
+        f"            const int k = k0 + e % {D};",
+        f"            tile_a[e] = (r < B && k < {tile.K}) ? a[r * {tile.K} + k] : ({t})0;",
+        "        }",
+        f"        for (int e = threadIdx.x; e < {D * G * U}; e += {tile.threads}) {{",
+        f"            const int k = k0 + e / {G * U};",
+        f"            const int g = (e % {G * U}) / {U};",
+        f"            const long long u = u0 + e % {U};",
+        f"            tile_b[e] = (k < {tile.K} && u < {tile.H}) ? b[{b_index}] : ({t})0;",
+        "        }",
+        "        __syncthreads();",
+        "        #pragma unroll",
+        f"        for (int kk = 0; kk < {D}; ++kk) {{",
+        f"            {t} row_values[{TM}];",
+        "            #pragma unroll",
+        f"            for (int i = 0; i < {TM}; ++i) "
+        f"row_values[i] = tile_a[(first + i) * {D} + kk];",
+        "            #pragma unroll",
+        f"            for (int g = 0; g < {G}; ++g) {{",
+        f"                const {t} weight = tile_b[kk * {G * U} + g * {U} + unit];",
+        "                #pragma unroll",
+        f"                for (int i = 0; i < {TM}; ++i) acc[g][i] += row_values[i] * weight;",
+        "            }",
+        "        }",
+        "        __syncthreads();",
+        "    }",
+        "}",
+    ]
+    return "\n".join(lines) + "\n"
