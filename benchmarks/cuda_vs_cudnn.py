@@ -1,7 +1,7 @@
 """Time rnnc's CUDA backend against cuDNN, jax.lax.scan and a PyTorch eager loop on one GPU.
 
 ``python benchmarks/cuda_vs_cudnn.py [--configs C1,C2,C3,C4] [--cells lstm,gru,ln_lstm,...]
-[--modes inference,training] [--graph] [--precision tf32]``
+[--modes inference,training] [--no-graph] [--precision tf32]``
 
 Configurations C1-C4 of docs/benchmarks.md, float32, inference and training (forward + backward
 of sum(y)); medians (min-max) of ``--reps`` timed calls after ``--warmup`` calls, each ended by
@@ -178,8 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", choices=("full", "tiny"), default="full")
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--graph", action="store_true",
-                        help="replay each call's launch plan as a CUDA graph (graph=True)")
+    parser.add_argument("--no-graph", dest="graph", action="store_false",
+                        help="launch each call's plan from Python (graph=False) instead of "
+                             "replaying it as a CUDA graph, the default")
     parser.add_argument("--precision", choices=("highest", "tf32"), default="highest")
     parser.add_argument("--emulate", action="store_true",
                         help="smoke test on the CPU: rnnc emulated, peers on the CPU")

@@ -16,12 +16,12 @@ a GPU on the runner's own stream) and copies the results out. On a GPU the copie
 page-locked host buffers the plan keeps, one per input and result. Calls on one runner take
 turns.
 
-``graph=True`` (GPU only in effect): after a shape's first call (which also compiles CuPy's own
+``graph=True`` (the default; GPU only in effect): after a shape's first call (which also compiles CuPy's own
 kernels and creates the cuBLAS handle, which cannot happen inside a capture) the plan is
 captured once with ``Stream.begin_capture``/``end_capture`` and later calls replay it with one
 ``graph.launch``. If the capture fails (a CuPy or driver that cannot capture cuBLAS), that
 shape runs its plan call by call instead. In emulation the plan runs call by call, which is
-what a replay does.
+what a replay does. ``graph=False`` launches every call of the plan from Python on every call.
 
 ``precision="tf32"`` runs float32 GEMMs in TensorFloat-32 (:mod:`.precision`).
 
@@ -80,7 +80,7 @@ class CudaBackend:
 
     name = "cuda"
 
-    def __init__(self, emulate: bool = False, graph: bool = False, precision: str = "highest",
+    def __init__(self, emulate: bool = False, graph: bool = True, precision: str = "highest",
                  fused_step: str = "auto", **options: Any) -> None:
         if options:
             raise RnncValueError(f"backend 'cuda' takes emulate=, graph=, precision= and "
