@@ -1,9 +1,10 @@
-"""``fused_step="auto"`` on a GPU: time a shape's two launch plans once and keep the faster.
+"""``fused_step="auto"`` on a GPU: time a shape's launch plans once and keep the fastest.
 
-Which is faster, a step as cuBLAS GEMM + elementwise kernel or as one fused kernel
-(:mod:`.fused_step`), depends on the GPU, the batch and the sizes of the cell, so the runner
-measures it: the first call of a shape builds both plans, fills each with the call's inputs,
-runs each once to warm up, then :data:`REPLAYS` more times between two CUDA events recorded on
+Which is faster, a step as cuBLAS GEMM + elementwise kernel, as one fused kernel
+(:mod:`.fused_step`), or the whole loop as one persistent kernel (:mod:`.persistent`, where it
+applies), depends on the GPU, the batch and the sizes of the cell, so the runner measures it:
+the first call of a shape builds every plan, fills each with the call's inputs, runs each once
+to warm up, then :data:`REPLAYS` more times between two CUDA events recorded on
 the runner's stream, and keeps the plan with the smaller median. The decision is cached per
 shape in the runner; only the kept plan stays allocated. Ties keep the GEMM path.
 
@@ -14,6 +15,7 @@ shape in the runner; only the kept plan stays allocated. Ties keep the GEMM path
 from __future__ import annotations
 
 import statistics
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -47,11 +49,20 @@ def median_ms(cupy: Any, plan: Plan, stream: Any, replays: int = REPLAYS) -> flo
 
 
 def faster(cupy: Any, stream: Any, plans: Mapping[str, Plan], env: Mapping[str, Any]) -> str:
-    """The key of the fastest plan of ``plans`` ("gemm" and "fused"), run on ``stream`` with
-    the inputs ``env``; "gemm" wins ties."""
+    """The key of the fastest plan of ``plans`` ("gemm", "fused", "persistent"), run on
+    ``stream`` with the inputs ``env``; "gemm" wins ties."""
     with stream:
         times = {}
         for path, plan in plans.items():
-            fill(cupy, plan, env, stream)
-            times[path] = median_ms(cupy, plan, stream)
+            try:
+                fill(cupy, plan, env, stream)
+                times[path] = median_ms(cupy, plan, stream)
+            except Exception as err:
+                # A fused or persistent launch this GPU or CuPy refuses (a cooperative launch
+                # too large, a kernel over the registers): the call goes on without that path.
+                if path == "gemm":
+                    raise
+                warnings.warn(f"rnnc: the {path!r} plan of this shape failed on this GPU "
+                              f"({type(err).__name__}: {err}); it is not used", RuntimeWarning,
+                              stacklevel=2)
     return min(sorted(times), key=lambda path: (times[path], path != "gemm"))

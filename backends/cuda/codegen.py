@@ -9,8 +9,10 @@ step that does work a :class:`Launch` of a kernel (written by :mod:`.kernels`) o
 product that a fused step computes together with the region reading it (:mod:`.fused_step`):
 that pair becomes one :class:`~.fused_step.FusedStep`. ``fused_step`` chooses: "never" renders
 the GEMM path only, "always" the fused path only, "auto" both (the body's GEMM path in
-``Module.gemm_body``, the fused one in ``Module.steps``), so a runner can time them. The source
-is deterministic text without node ids, and identical kernels are emitted once.
+``Module.gemm_body``, the fused one in ``Module.steps``), so a runner can time them. "auto" and
+"persistent" also write the persistent kernel of the whole loop where it applies
+(:mod:`.persistent`, ``Module.persistent``): a source of its own, for a cooperative module. The
+source is deterministic text without node ids, and identical kernels are emitted once.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from rnnc.backends.cuda.fused_step import (
     region_operands,
 )
 from rnnc.backends.cuda.kernels import kernel_source
+from rnnc.backends.cuda.persistent import PersistentKernel, persistent_kernel
 from rnnc.backends.cuda.rows import row_kernel_source, row_shape
 from rnnc.backends.cuda.rules import CudaRenderer
 from rnnc.backends.cuda.scan import scan_kernel
@@ -79,6 +82,8 @@ class Module:
     # "auto" with a fused step: the loop body as GEMMs and kernels, the other path to time.
     gemm_body: list[Work] | None = None
     barriers: list[str] = field(default_factory=list)  # kernels that wait at __syncthreads
+    # "auto" or "persistent": the whole loop as one kernel, in a cooperative module of its own.
+    persistent: PersistentKernel | None = None
 
     @property
     def fused(self) -> bool:
@@ -196,6 +201,9 @@ def render(program: Program | ProgramSchedule, prefix: str = "k_", fused_step: s
     if pairs and fused_step == "auto":
         module.gemm_body = graph_steps(schedule.body, kernels)
     module.steps["body"] = graph_steps(schedule.body, kernels, pairs)
+    if fused_step in ("auto", "persistent"):
+        module.persistent = persistent_kernel(schedule, module.steps["body"], renderer,
+                                              f"{prefix}persistent")
     module.steps["post"] = graph_steps(schedule.post, kernels)
     module.kernels = list(kernels.names.values())
     module.barriers = sorted(kernels.barriers)

@@ -39,7 +39,7 @@ from rnnc.errors import RnncValueError
 from rnnc.ir import FUSED, Graph, Program, Shape
 from rnnc.names import Role
 
-MODES = ("auto", "always", "never")
+MODES = ("auto", "always", "never", "persistent")
 ITEMSIZE = {"f32": 4, "f64": 8}
 _ROWS_ONLY = ((), (1,), ("B",))  # the row dims an operand of a fused step may have
 
@@ -47,8 +47,9 @@ _ROWS_ONLY = ((), (1,), ("B",))  # the row dims an operand of a fused step may h
 def check_mode(mode: object) -> str:
     """``mode`` if it is one of :data:`MODES`, else an RnncValueError naming them."""
     if mode not in MODES:
-        raise RnncValueError(f"fused_step must be one of {', '.join(map(repr, MODES))} (one "
-                             f"kernel for a step's product and its epilogue), got {mode!r}")
+        raise RnncValueError(f"fused_step must be one of {', '.join(map(repr, MODES))} (how a "
+                             f"step's product and its epilogue run: timed, one kernel, GEMM + "
+                             f"kernel, or one kernel for the whole loop), got {mode!r}")
     return str(mode)
 
 
@@ -169,6 +170,24 @@ def _epilogue(region: Graph, renderer: CudaRenderer, argument: str, H: int) -> l
     return writer.scopes[0].lines(3) + ["            " + s for s in stores]
 
 
+def epilogue_lines(region: Graph, renderer: CudaRenderer, argument: str, tile: Tile
+                   ) -> list[str]:
+    """After a tile: each of the thread's rows computes and stores every result at its unit
+    ``j``, reading the product from ``acc``, the operands from ``in<i>`` (region argument i)
+    and writing ``out<k>`` (result k), all (B, m*H) or broadcast pointers of this step."""
+    return [
+        f"    const long long j = u0 + threadIdx.x % {tile.units};",
+        "    #pragma unroll",
+        f"    for (int i = 0; i < {tile.rows_per_thread}; ++i) {{",
+        f"        const long long row = r0 + (long long)(threadIdx.x / {tile.units}) * "
+        f"{tile.rows_per_thread} + i;",
+        f"        if (row < B && j < {tile.H}) {{",
+        *_epilogue(region, renderer, argument, tile.H),
+        "        }",
+        "    }",
+    ]
+
+
 def _head(region: Graph, renderer: CudaRenderer, argument: str, tile: Tile, comment: str
           ) -> list[str]:
     t = renderer.ctype
@@ -198,15 +217,7 @@ def fused_kernel_source(region: Graph, pair: Pair, renderer: CudaRenderer) -> st
         f"    const long long u0 = (long long)(blockIdx.x % {tile.unit_blocks}) * {tile.units};",
         f"    {t} acc[{tile.G}][{tile.rows_per_thread}];",
         "    @KERNEL@_tile(gemm_a, gemm_b, B, r0, u0, acc, tile_a, tile_b);",
-        f"    const long long j = u0 + threadIdx.x % {tile.units};",
-        "    #pragma unroll",
-        f"    for (int i = 0; i < {tile.rows_per_thread}; ++i) {{",
-        f"        const long long row = r0 + (long long)(threadIdx.x / {tile.units}) * "
-        f"{tile.rows_per_thread} + i;",
-        f"        if (row < B && j < {tile.H}) {{",
-        *_epilogue(region, renderer, pair.argument, tile.H),
-        "        }",
-        "    }",
+        *epilogue_lines(region, renderer, pair.argument, tile),
         "}",
     ]
     tile_text = tile_function("@KERNEL@_tile", tile, t, transpose_b)

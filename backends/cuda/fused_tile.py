@@ -87,21 +87,40 @@ def choose_tile(H: int, G: int, K: int, itemsize: int) -> Tile | None:
     return None
 
 
-def tile_function(name: str, tile: Tile, ctype: str, transpose_b: bool) -> str:
-    """The device function ``name`` computing one tile into ``acc`` (see the module doc)."""
+def b_index(tile: Tile, transpose_b: bool) -> str:
+    """The C index of element (k, column g*H + u) of ``b``, (K, G*H) or transposed."""
+    if transpose_b:
+        return f"(g * {tile.H} + u) * {tile.K} + k"
+    return f"k * {tile.G * tile.H} + g * {tile.H} + u"
+
+
+def padded_depth(tile: Tile) -> int:
+    """K rounded up to whole stages: the rows of a block's slice of ``b`` in shared memory."""
+    return -(-tile.K // tile.depth) * tile.depth
+
+
+def tile_function(name: str, tile: Tile, ctype: str, transpose_b: bool,
+                  b_shared: bool = False) -> str:
+    """The device function ``name`` computing one tile into ``acc`` (see the module doc).
+
+    With ``b_shared`` the function reads ``b`` from the block's slice in shared memory,
+    ``padded_depth`` x G*units laid out as ``tile_b`` is (zeros past K and H), loaded once by
+    a persistent kernel; it then has no ``tile_b`` and ``a`` is no ``__restrict__`` pointer:
+    other blocks of the same launch wrote it, so it must not be read through the read-only
+    cache."""
     t, G, TM, U, D = ctype, tile.G, tile.rows_per_thread, tile.units, tile.depth
-    width = G * tile.H
-    b_index = f"(g * {tile.H} + u) * {tile.K} + k" if transpose_b else \
-        f"k * {width} + g * {tile.H} + u"
+    a_param = f"const {t}* a" if b_shared else f"const {t}* __restrict__ a"
+    buffers = f"{t}* __restrict__ tile_a" + ("" if b_shared else f", {t}* __restrict__ tile_b")
+    weight = f"b[(k0 + kk) * {G * U} + g * {U} + unit]" if b_shared else \
+        f"tile_b[kk * {G * U} + g * {U} + unit]"
     lines = [
         f"// One tile of P = a @ b{'^T' if transpose_b else ''}: rows [r0, r0 + {tile.rows}), "
         f"columns g*{tile.H} + [u0, u0 + {U}) of {G} gates,",
         f"// over K = {tile.K} in stages of {D}; acc[g][i] is row i of this thread's unit. "
         f"Every thread of the block calls it.",
         f"__device__ __forceinline__ void {name}(",
-        f"    const {t}* __restrict__ a, const {t}* __restrict__ b, long long B, long long r0,",
-        f"    long long u0, {t} (&acc)[{G}][{TM}], {t}* __restrict__ tile_a, "
-        f"{t}* __restrict__ tile_b) {{",
+        f"    {a_param}, const {t}* __restrict__ b, long long B, long long r0,",
+        f"    long long u0, {t} (&acc)[{G}][{TM}], {buffers}) {{",
         "    const int unit = threadIdx.x % " + str(U) + ";",
         f"    const int first = (threadIdx.x / {U}) * {TM};",
         "    #pragma unroll",
@@ -115,12 +134,7 @@ def tile_function(name: str, tile: Tile, ctype: str, transpose_b: bool) -> str:
         f"            const int k = k0 + e % {D};",
         f"            tile_a[e] = (r < B && k < {tile.K}) ? a[r * {tile.K} + k] : ({t})0;",
         "        }",
-        f"        for (int e = threadIdx.x; e < {D * G * U}; e += {tile.threads}) {{",
-        f"            const int k = k0 + e / {G * U};",
-        f"            const int g = (e % {G * U}) / {U};",
-        f"            const long long u = u0 + e % {U};",
-        f"            tile_b[e] = (k < {tile.K} && u < {tile.H}) ? b[{b_index}] : ({t})0;",
-        "        }",
+        *([] if b_shared else load_b_lines("tile_b", "k0", D, tile, t, transpose_b)),
         "        __syncthreads();",
         "        #pragma unroll",
         f"        for (int kk = 0; kk < {D}; ++kk) {{",
@@ -130,7 +144,7 @@ def tile_function(name: str, tile: Tile, ctype: str, transpose_b: bool) -> str:
         f"row_values[i] = tile_a[(first + i) * {D} + kk];",
         "            #pragma unroll",
         f"            for (int g = 0; g < {G}; ++g) {{",
-        f"                const {t} weight = tile_b[kk * {G * U} + g * {U} + unit];",
+        f"                const {t} weight = {weight};",
         "                #pragma unroll",
         f"                for (int i = 0; i < {TM}; ++i) acc[g][i] += row_values[i] * weight;",
         "            }",
@@ -140,3 +154,19 @@ def tile_function(name: str, tile: Tile, ctype: str, transpose_b: bool) -> str:
         "}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def load_b_lines(buffer: str, k0: str, depth: int, tile: Tile, ctype: str, transpose_b: bool
+                 ) -> list[str]:
+    """A block's loop loading rows ``[k0, k0 + depth)`` of its columns of ``b`` into
+    ``buffer`` (depth x G*units, zeros past K and H)."""
+    G, U = tile.G, tile.units
+    return [
+        f"        for (int e = threadIdx.x; e < {depth * G * U}; e += {tile.threads}) {{",
+        f"            const int k = {k0} + e / {G * U};",
+        f"            const int g = (e % {G * U}) / {U};",
+        f"            const long long u = u0 + e % {U};",
+        f"            {buffer}[e] = (k < {tile.K} && u < {tile.H}) ? "
+        f"b[{b_index(tile, transpose_b)}] : ({ctype})0;",
+        "        }",
+    ]

@@ -12,7 +12,9 @@ result. A kernel runs one thread per element of its largest result, or one per r
 launch says so (a region that reduces over features); fused nodes run alike in every graph. A
 fused step (:mod:`.fused_step`) is one launch of a block per tile of rows and hidden units; the
 product it absorbs has no buffer. A host runs one path of a module: ``fused=False`` takes the
-loop body of ``Module.gemm_body`` (GEMM and kernel) where the module has both.
+loop body of ``Module.gemm_body`` (GEMM and kernel) where the module has both; a host given a
+``persistent`` launch records the whole loop as one cooperative launch where the shape suits
+it (:mod:`.persistent`), else its steps as the fused path does.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy as np
 from rnnc import ops
 from rnnc.backends.cuda.codegen import BLOCK, Gemm, Module, Work
 from rnnc.backends.cuda.fused_step import FusedStep
+from rnnc.backends.cuda.persistent import PersistentLaunch, record_persistent
 from rnnc.backends.cuda.plan import Entry, Plan
 from rnnc.backends.schedule import GraphSchedule, ProgramSchedule, resolve
 from rnnc.ir import ARG, GET, Shape
@@ -103,8 +106,10 @@ class Host:
     """Runs one program's schedule over device arrays with its loaded kernels."""
 
     def __init__(self, xp: Any, schedule: ProgramSchedule, module: Module,
-                 kernels: Mapping[str, Any], fused: bool = True) -> None:
+                 kernels: Mapping[str, Any], fused: bool = True,
+                 persistent: PersistentLaunch | None = None) -> None:
         self.xp = xp
+        self.persistent = persistent
         self.schedule = schedule
         self.kernels = kernels
         self.dtype = schedule.numpy_dtype
@@ -221,6 +226,11 @@ class Host:
         out = self.scan_outputs(plan, dims, buffers)
         if not (scan.carries or scan.stacked or scan.summed):
             return out  # parallel-scan left an empty loop: no step has anything to launch
+        launch = self.persistent
+        if launch is not None and record_persistent(
+                launch.kernel, launch.function, launch.resident, plan, self.schedule, env, dims,
+                buffers.empty, out, self.constants):
+            return out
         pairs = {key: buffers.pair(shape, dims) for key, shape in scan_plan.pairs.items()}
         copied = {name: buffers.pair(shape, dims) for name, shape in scan_plan.copied.items()}
         local = {name: env[name] for name in scan.consts}

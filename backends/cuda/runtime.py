@@ -16,12 +16,13 @@ a GPU on the runner's own stream) and copies the results out. On a GPU the copie
 page-locked host buffers the plan keeps, one per input and result. Calls on one runner take
 turns.
 
-``graph=True`` (the default; GPU only in effect): after a shape's first call (which also compiles CuPy's own
-kernels and creates the cuBLAS handle, which cannot happen inside a capture) the plan is
-captured once with ``Stream.begin_capture``/``end_capture`` and later calls replay it with one
-``graph.launch``. If the capture fails (a CuPy or driver that cannot capture cuBLAS), that
-shape runs its plan call by call instead. In emulation the plan runs call by call, which is
-what a replay does. ``graph=False`` launches every call of the plan from Python on every call.
+``graph=True`` (the default; GPU only in effect): after a shape's first call (which also
+compiles CuPy's own kernels and creates the cuBLAS handle, which cannot happen inside a capture)
+the plan is captured once with ``Stream.begin_capture``/``end_capture`` and later calls replay
+it with one ``graph.launch``. If the capture fails (a CuPy or driver that cannot capture
+cuBLAS), that shape runs its plan call by call instead. In emulation the plan runs call by call,
+which is what a replay does. ``graph=False`` launches every call of the plan from Python on
+every call.
 
 ``precision="tf32"`` runs float32 GEMMs in TensorFloat-32 (:mod:`.precision`).
 
@@ -30,7 +31,10 @@ reading it is unit-local (:mod:`.fused_step`): ``"never"`` keeps a cuBLAS GEMM a
 elementwise kernel; ``"always"`` runs one fused kernel (product tile and epilogue) instead;
 ``"auto"`` (the default) is ``"always"`` in emulation, so the test suite runs the fused kernels,
 and on a GPU times both plans on the first call of each shape and keeps the faster one for that
-shape (:mod:`.autotune`). The fused kernel computes the product in full float32, so
+shape (:mod:`.autotune`), together with the persistent plan where it applies.
+``"persistent"`` runs the whole time loop as one cooperative launch (:mod:`.persistent`) where
+the body and the shape allow it, else the fused steps; emulation uses it only when asked, as
+its fibers make it slow. The fused kernel computes the product in full float32, so
 ``precision="tf32"`` keeps the GEMM path for float32 programs; backward programs keep it too.
 Where a module has barrier kernels, emulation loads it through :mod:`.mixed`.
 """
@@ -49,6 +53,7 @@ from rnnc.backends.cuda.codegen import Module, render
 from rnnc.backends.cuda.device import CudaDevice, EmulatedArray
 from rnnc.backends.cuda.fused_step import check_mode, fused_mode
 from rnnc.backends.cuda.host import Host
+from rnnc.backends.cuda.persistent import PersistentLaunch, resident_blocks
 from rnnc.backends.cuda.plan import Plan, Plans, shape_key
 from rnnc.backends.schedule import ProgramSchedule, schedule_program
 from rnnc.errors import BackendUnavailable, RnncValueError
@@ -111,6 +116,16 @@ class CudaBackend:
             return EmulatedModule(source, names)
         return self.cupy.RawModule(code=source, options=("--std=c++17",))
 
+    def load_cooperative(self, source: str, names: list[str]) -> Any:
+        """Compile ``source`` as a module whose every launch is cooperative (all blocks
+        resident at once, ``this_grid().sync()`` allowed): the persistent kernel's."""
+        if self.cupy is None:
+            from rnnc.backends.cuda.cooperative import CooperativeModule
+
+            return CooperativeModule(source, names, enable_cooperative_groups=True)
+        return self.cupy.RawModule(code=source, options=("--std=c++17",),
+                                   enable_cooperative_groups=True)
+
     def build(self, program: Program) -> Runner:
         """A callable ``(env, dims) -> results`` for ``program``."""
         return Runner(self, program)
@@ -121,7 +136,7 @@ class Runner:
 
     ``runner.transfers`` holds the bytes the last call copied to the device and back
     (``to_device``, ``to_host``), counted alike on a GPU and in emulation. ``runner.hosts``
-    holds a host per path the module has ("fused", "gemm"); ``runner.paths`` the path
+    holds a host per path the module has ("fused", "gemm", "persistent"); ``runner.paths`` the path
     ``fused_step="auto"`` chose for each shape on a GPU (:mod:`.autotune`)."""
 
     def __init__(self, backend: CudaBackend, program: Program) -> None:
@@ -140,7 +155,18 @@ class Runner:
         xp = precision_module.Tf32Numpy() if self.tf32 and backend.cupy is None else self.xp
         self.hosts = _hosts(xp, schedule, module, kernels)
         self.host = self.hosts.get("fused", self.hosts.get("gemm"))
-        self.timed = mode == "auto" and backend.cupy is not None and len(self.hosts) == 2
+        # The persistent path: asked for, or timed beside the others by "auto" on a GPU.
+        persistent = module.persistent
+        if persistent is not None and (mode == "persistent" or
+                                       (mode == "auto" and backend.cupy is not None)):
+            function = backend.load_cooperative(persistent.source, [persistent.kernel]) \
+                .get_function(persistent.kernel)
+            launch = PersistentLaunch(persistent, function, resident_blocks(
+                backend.cupy, function, persistent.tile.threads))
+            self.hosts["persistent"] = Host(xp, schedule, module, kernels, True, launch)
+            if mode == "persistent":
+                self.host = self.hosts["persistent"]
+        self.timed = mode == "auto" and backend.cupy is not None and len(self.hosts) >= 2
         self.paths: dict[Hashable, str] = {}
         self.plans = Plans()
         self.transfers = {"to_device": 0, "to_host": 0}
@@ -190,6 +216,9 @@ class Runner:
         path = self.paths.get(key)
         if path is None and self.timed:
             plans = {name: host.plan(inputs(), dims) for name, host in self.hosts.items()}
+            whole = plans.get("persistent")
+            if whole is not None and "persistent" not in whole.count("body"):
+                del plans["persistent"]  # this shape fell back to the fused steps: no timing
             path = self.paths[key] = autotune.faster(self.backend.cupy, self._stream, plans, env)
             return plans[path]
         return (self.hosts[path] if path else self.host).plan(inputs(), dims)

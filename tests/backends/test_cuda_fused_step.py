@@ -254,6 +254,26 @@ def test_auto_keeps_the_plan_with_the_smaller_median(costs: tuple, kept: str) ->
         np.testing.assert_array_equal(plan.inputs["x"], x)
 
 
+class FailingPlan(FakePlan):
+    def run(self) -> None:
+        raise RuntimeError("cudaErrorCooperativeLaunchTooLarge")
+
+
+def test_auto_drops_a_path_whose_launch_fails_and_says_so() -> None:
+    clock = FakeClock()
+    plans = {"persistent": FailingPlan(clock, 0.5), "fused": FakePlan(clock, 2.0),
+             "gemm": FakePlan(clock, 1.0)}
+    with pytest.warns(RuntimeWarning, match="'persistent' plan.*LaunchTooLarge"):
+        assert autotune.faster(clock, FakeStream(), plans, {"x": np.zeros(3)}) == "gemm"
+
+
+def test_auto_does_not_hide_a_failing_gemm_path() -> None:
+    clock = FakeClock()
+    plans = {"fused": FakePlan(clock, 1.0), "gemm": FailingPlan(clock, 2.0)}
+    with pytest.raises(RuntimeError, match="LaunchTooLarge"):
+        autotune.faster(clock, FakeStream(), plans, {"x": np.zeros(3)})
+
+
 @pytest.mark.parametrize("gemm_ms, kept", [(1.0, "gemm"), (3.0, "fused")])
 def test_auto_on_a_gpu_times_both_plans_once_per_shape(monkeypatch: pytest.MonkeyPatch,
                                                        gemm_ms: float, kept: str) -> None:
