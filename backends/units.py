@@ -16,8 +16,9 @@ in ``P`` and with which ``H``; results that do not read ``P`` (a bias added to t
 projection) split the same way. LSTM, GRU, peephole LSTM, MGU and Elman steps are; a layer norm
 over the gates (it reads every column) or a shift of the units is not.
 
-Nothing calls it yet: it is the test a split of each step by hidden units (one barrier per step
-on the CPU, a fused product-and-epilogue kernel on the GPU) will apply first.
+It is the test a split of each step by hidden units applies first: the LLVM backend's thread
+team (``backends/llvm/split.py``: one barrier per step) and the CUDA backend's fused
+product-and-epilogue kernel.
 """
 
 from __future__ import annotations

@@ -20,13 +20,14 @@ from typing import Any
 from llvmlite import ir
 
 from rnnc import ops
-from rnnc.backends.llvm import gemm, mathlib
+from rnnc.backends.llvm import gemm
 from rnnc.backends.llvm.blas import Convention
 from rnnc.backends.llvm.context import I64, Buffer, Context, Plan
 from rnnc.backends.llvm.fused import emit_fused, fusible
 from rnnc.backends.llvm.kernels import emit_accumulate, emit_loop, share_identical_functions
 from rnnc.backends.llvm.region import KERNEL_NODES
 from rnnc.backends.llvm.rules import RULES
+from rnnc.backends.llvm.split import panel_work, unit_readers
 from rnnc.backends.llvm.team import Team
 from rnnc.backends.schedule import GraphSchedule, Step, schedule_program
 from rnnc.ir import ARG, FUSED, GET, Node, Program
@@ -57,15 +58,19 @@ def _last_stage(program: Program) -> dict[str, int]:
 class Lowering:
     """Builds ``rnnc_run`` for one program: walks its schedule and gives every node a buffer."""
 
-    def __init__(self, program: Program, convention: Convention, team: bool = False) -> None:
+    def __init__(self, program: Program, convention: Convention, team: bool = False,
+                 one_core: bool = False, units: bool = False) -> None:
         self.schedule = schedule_program(program)
         shapes = env_shapes(program)
         plan = Plan(program.dtype, tuple((n, t.shape) for n, (_, t) in program.args.items()),
                     tuple((n, shapes[n]) for n in program.results))
         self.ctx = Context.start(plan, convention, team)
+        # A team's threads, and a backend of one thread, call the BLAS on one core.
+        self.ctx.own_max_work = gemm.ONE_CORE_MAX_WORK if team or one_core else gemm.MAX_WORK
         # A team build splits the nodes of the step body between threads while ``splitting``.
         self.team = Team(self.ctx) if team else None
         self.splitting = False
+        self.units = units  # split a gated cell's step by hidden units (split.unit_readers)
         self.env: dict[str, Buffer] = {n: self.ctx.buffer(k, s)
                                        for k, (n, s) in enumerate(plan.args)}
         self.result_buffers: dict[str, Buffer] = {}
@@ -118,8 +123,9 @@ class Lowering:
         out: dict[str, Buffer] = {}
         for name, output in graph.outputs.items():
             dest = dests.get(name)
-            if dest is not None:
-                self.copy(dest, values[output.slot])
+            if dest is not None:  # the loop's args are not written in its body
+                self.copy(dest, values[output.slot], graph is self.schedule.body
+                          and self.ctx.nodes[output.slot].op is ARG)
             out[name] = values[output.slot] if dest is None else dest
         if reuse:
             kept = {output.slot for output in graph.outputs.values()}
@@ -139,12 +145,18 @@ class Lowering:
         gets = Counter((step.inputs[0], step.attrs["index"]) for step in live if step.op is GET)
         kept = {output.slot for output in graph.outputs.values()}
         values: dict[int, Any] = {}
+        # A product split by hidden units is emitted with its reader: (node, operands).
+        readers = unit_readers(live, 2 * gemm.lanes(self.ctx)) \
+            if self.splitting and self.units else {}
+        deferred = {product: None for product, _ in readers.values()}
         for step in live:
             operands = [values[i] for i in step.inputs]
             if step.op is ARG:
                 values[step.slot] = bound[step.name]
             elif step.op is FUSED:
-                values[step.slot] = self.lower_fused(step, operands)
+                unit = readers.get(step.slot)
+                product = None if unit is None else (*deferred[unit[0]], values[unit[0]], unit[1])
+                values[step.slot] = self.lower_fused(step, operands, product)
             elif step.op is GET:
                 result = (step.inputs[0], step.attrs["index"])
                 values[step.slot] = operands[0][result[1]]
@@ -153,7 +165,10 @@ class Lowering:
                     self.owned[step.slot] = values[step.slot]
             else:
                 values[step.slot] = self.out(step.node)
-                self.lower_node(step.node, values[step.slot], operands)
+                if step.slot in deferred:
+                    deferred[step.slot] = (step.node, operands)
+                else:
+                    self.lower_node(step.node, values[step.slot], operands)
             for i in set(step.inputs):
                 users[i] -= 1
                 if users[i] == 0 and i in self.owned and i not in kept and reuse:
@@ -161,9 +176,11 @@ class Lowering:
                     self.free.setdefault(tuple(buf.shape), []).append(buf)
         return values
 
-    def lower_fused(self, step: Step, operands: list[Buffer]) -> tuple[Buffer, ...]:
+    def lower_fused(self, step: Step, operands: list[Buffer], unit: tuple | None = None
+                    ) -> tuple[Buffer, ...]:
         """The region's loops (:mod:`rnnc.backends.llvm.fused`), or node by node if its
-        reductions have no common row shape."""
+        reductions have no common row shape; with ``unit`` (the product's node, operands and
+        buffer, and the units of one gate), together with that product by hidden units."""
         region = step.region
         bufs = [self.redirect.get((step.slot, k)) or self.out_slot(output.shape)
                 for k, output in enumerate(region.outputs.values())]
@@ -182,7 +199,10 @@ class Lowering:
                 copies.append((buf, outputs[output.slot]))
             else:
                 outputs[output.slot] = buf
-        if outputs:
+        if unit is not None:
+            self.team.by_units(*unit, list(outputs.values()), lambda span: emit_fused(
+                self.ctx, region, leaves, outputs, span))
+        elif outputs:
             keys, dests = list(leaves), list(outputs)
             if self.splitting and len(region.steps) > KERNEL_NODES:
                 # A long region keeps values in whole-batch slots between its loops.
@@ -205,9 +225,15 @@ class Lowering:
         else:
             emit(list(inputs), list(outputs))
 
-    def copy(self, dst: Buffer, src: Buffer) -> None:
-        if dst.ptr is not src.ptr:
-            self.split([src], [dst], lambda i, o: self.ctx.copy(o[0], i[0]))
+    def copy(self, dst: Buffer, src: Buffer, settled: bool = False) -> None:
+        """``dst = src``, split in a team's step body (``settled``: ``src`` is not written in
+        the step)."""
+        if dst.ptr is src.ptr:
+            return
+        if self.splitting:
+            self.team.copy(dst, src, settled)
+        else:
+            self.ctx.copy(dst, src)
 
     def lower_node(self, node: Node, out: Buffer, operands: list) -> None:
         """One node by its rule; in a team's step body, a recurrent product by column
@@ -216,7 +242,8 @@ class Lowering:
         if not self.splitting:
             RULES[node.op](ctx, node, out, *operands)
             return
-        if node.op is ops.matmul and _by_panels(ctx, node, *operands):
+        if node.op is ops.matmul and panel_work(node, operands[0].shape, operands[1].shape,
+                                                2 * gemm.lanes(ctx)):
             self.team.product(*operands, out, bool(node.attrs.get("transpose_b")))
             return
         if node.op is ops.matmul:
@@ -301,7 +328,7 @@ class Lowering:
             dests.update({n: None for n in scan.summed})
             self.splitting = ctx.one_thread = self.team is not None
             if self.team is not None:
-                self.team.step = i
+                self.team.start_step(i)
             values = self.lower_graph(self.schedule.body, bound, dests)
             for n in scan.summed:
                 self.split([values[n]], [summed[n]],
@@ -348,30 +375,6 @@ def _redirects(graph: GraphSchedule, nodes: Mapping[int, Node],
     return redirect
 
 
-def _by_panels(ctx: Context, node: Node, a: Buffer, w: Buffer) -> bool:
-    """Whether a team splits the product ``node`` by the panel kernel's column panels."""
-    return _panel_work(node, a.shape, w.shape, 2 * gemm.lanes(ctx)) > 0
-
-
-def _panel_work(node: Node, a: tuple, w: tuple, width: int) -> int:
-    """The multiply-adds per batch row of a product a team splits by panels of ``width``
-    columns, else 0."""
-    if node.attrs.get("transpose_a") or tuple(a[:-1]) != ("B",) or len(w) != 2:
-        return 0
-    n, k = w if node.attrs.get("transpose_b") else w[::-1]
-    return n * k if isinstance(n, int) and isinstance(k, int) and n % width == 0 else 0
-
-
-def team_work(program: Program) -> int:
-    """The multiply-adds per batch row and step of the step body's products that a thread
-    team splits; 0: a team build would run every product on one thread."""
-    body = schedule_program(program).body
-    width = 2 * mathlib.vector_width(64 if program.dtype == "f64" else 32)
-    nodes = {step.slot: step.node for step in body.steps}
-    return sum(_panel_work(step.node, nodes[step.inputs[0]].shape, nodes[step.inputs[1]].shape,
-                           width) for step in body.steps if step.op is ops.matmul)
-
-
 def _needed(graph: GraphSchedule) -> set[int]:
     """The nodes some output of ``graph`` depends on: one walk from all outputs at once."""
     inputs = {step.slot: step.inputs for step in graph.steps}
@@ -385,8 +388,11 @@ def _needed(graph: GraphSchedule) -> set[int]:
     return needed
 
 
-def lower(program: Program, convention: Convention, team: bool = False) -> tuple[str, Plan]:
+def lower(program: Program, convention: Convention, team: bool = False,
+          one_core: bool = False, units: bool = False) -> tuple[str, Plan]:
     """The LLVM IR text of ``rnnc_run`` for ``program`` and its buffer plan; ``team``: the
-    build for a thread team (:mod:`rnnc.backends.llvm.team`)."""
-    lowering = Lowering(program, convention, team)
+    build for a thread team (:mod:`rnnc.backends.llvm.team`); ``one_core``: the build of a
+    backend whose BLAS runs on one thread (the panel kernel takes larger products); ``units``:
+    a team build splits a gated cell's step by hidden units."""
+    lowering = Lowering(program, convention, team, one_core, units)
     return lowering.lower(), lowering.ctx.plan

@@ -42,6 +42,7 @@ from rnnc.backends.llvm.region import (
     KERNEL_NODES,
     Reads,
     Region,
+    Span,
     broadcast_index,
     emit_region,
     per_element,
@@ -274,26 +275,37 @@ def fusible(region: GraphSchedule) -> bool:
     return not reduces(nodes) or row_shape(nodes) is not None
 
 
+def per_element_nest(region: GraphSchedule) -> bool:
+    """Whether :func:`emit_fused` computes ``region`` as one nest of per-element loops, which
+    a span of columns can restrict (no value goes through a workspace slot or a row's
+    reduction, either of which another column would read)."""
+    nodes = [step.node for step in region.steps if step.op not in (ARG, ops.constant)]
+    return fusible(region) and len(nodes) <= KERNEL_NODES and not reduces(nodes)
+
+
 def _emit_part(ctx: Context, nodes: Mapping[int, Node], members: list[int],
-               leaves: dict[int, Buffer], outputs: dict[int, Buffer]) -> None:
+               leaves: dict[int, Buffer], outputs: dict[int, Buffer], span: Span | None = None
+               ) -> None:
     if reduces(nodes[n] for n in members):
         emit_rows(ctx, nodes, members, leaves, outputs)
     else:
-        emit_region(ctx, nodes, leaves, outputs, "fused")
+        emit_region(ctx, nodes, leaves, outputs, "fused", span)
 
 
 def emit_fused(ctx: Context, region: GraphSchedule, leaves: dict[int, Buffer],
-               outputs: dict[int, Buffer]) -> None:
-    """Emit a :func:`fusible` region as loops of at most ``KERNEL_NODES`` nodes each.
+               outputs: dict[int, Buffer], span: Span | None = None) -> None:
+    """Emit a :func:`fusible` region as loops of at most ``KERNEL_NODES`` nodes each; with
+    ``span`` (a :func:`per_element_nest` region), only at the span's columns of each output.
 
     The nodes are cut into consecutive parts of their topological order; a value that a
     later part reads is stored by its own part into a workspace slot, which the later
     part loads. A typical cell's region is one part: one loop nest, nothing stored."""
+    assert span is None or per_element_nest(region), "a span needs one per-element nest"
     nodes = {step.slot: step.node for step in region.steps}
     order = [step.slot for step in region.steps if step.slot not in leaves
              and step.op not in (ARG, ops.constant)]
     if len(order) <= KERNEL_NODES:
-        _emit_part(ctx, nodes, order, leaves, outputs)
+        _emit_part(ctx, nodes, order, leaves, outputs, span)
         return
     part = {nid: k // KERNEL_NODES for k, nid in enumerate(order)}
     last_reader: dict[int, int] = {}  # node id -> the last part that reads it

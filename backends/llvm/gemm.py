@@ -36,8 +36,15 @@ from rnnc.backends.schedule import NUMPY_DTYPES
 
 # Up to this many rows, a GEMM runs in the axpy-form kernel instead of the BLAS.
 SMALL_ROWS = 2
-# Up to this many multiply-adds per step (rows * n * k) the panel kernel beats a threaded BLAS.
+# Up to this many multiply-adds per step (rows * n * k) the panel kernel on one core beats a
+# BLAS on several: the limit of the one-thread build of a backend with threads > 1.
 MAX_WORK = 12 << 20
+# Where the BLAS would run on one core too (a backend of one thread, or a thread of a team on
+# its own columns) the panel kernel wins far beyond that: it packs the weights once per call,
+# a BLAS call packs them on every step. Measured on a 2-core AMD EPYC (AVX-512), LSTM, H = 512,
+# one thread: 98-101 GFLOP/s with the panel kernel against 79-96 with OpenBLAS from B = 32 to
+# 512 (rows * n * k up to 512 Mi); a C1 LSTM on a team of two, 152 -> 139 ms.
+ONE_CORE_MAX_WORK = 1 << 30
 ROWS = 6  # row block: 2 * ROWS accumulators + 2 weight vectors + 1 broadcast fit in 32 zmm
 # Panel rows per chunk: 2 * lanes * K_CHUNK values (32 KiB) stay in L1 across row tiles.
 K_CHUNK = 256
@@ -243,10 +250,12 @@ def panels(ctx: Context, w: Buffer, transposed: bool) -> int:
 
 def emit_panel_gemm(ctx: Context, rows: ir.Value, a: Buffer, w: Buffer, out: Buffer,
                     transposed: bool = False,
-                    span: tuple[ir.Value, ir.Value] | None = None) -> None:
+                    span: tuple[ir.Value, ir.Value] | None = None, gates: int = 1) -> None:
     """Call (building it once per shape) the kernel computing ``out[:rows] = a @ w``
     (``a @ w.T`` when ``transposed``: backward's ``dG @ U^T``); with ``span``, only the
-    column panels ``span[0] .. span[1]`` (packing only those)."""
+    column panels ``span[0] .. span[1]`` (packing only those) of each of ``gates`` equal
+    blocks of columns (the gates of a gated cell's product: a team's split by hidden
+    units)."""
     k_size, n = w.shape[::-1] if transposed else w.shape
     key = (k_size, n, transposed)
     if key not in ctx.own_gemms:
@@ -254,14 +263,18 @@ def emit_panel_gemm(ctx: Context, rows: ir.Value, a: Buffer, w: Buffer, out: Buf
     ptr = ctx.scalar.as_pointer()
     # Each call site packs into its own workspace; the marker (null at the start of every
     # run) remembers which matrix is packed there, so packing happens once per sequence.
+    # The gates' calls pack disjoint panels of one workspace, each with its own marker.
     packed = ctx.slot((k_size, n))
-    marker = ctx.entry.alloca(ptr)
-    ctx.entry.store(ir.Constant(ptr, None), marker)
     args = [ctx.builder.bitcast(x.ptr, ptr) for x in (a, w, out, packed)]
     width = 2 * lanes(ctx)
-    first, stop = span or (_c(0), _c(n // width))
-    columns = [ctx.builder.mul(first, _c(width)), ctx.builder.mul(stop, _c(width))]
-    ctx.builder.call(ctx.own_gemms[key], [rows] + args + [marker] + columns)
+    per_gate = n // width // gates
+    first, stop = span or (_c(0), _c(per_gate))
+    for gate in range(gates):
+        marker = ctx.entry.alloca(ptr)
+        ctx.entry.store(ir.Constant(ptr, None), marker)
+        columns = [ctx.builder.mul(ctx.builder.add(end, _c(gate * per_gate)), _c(width))
+                   for end in (first, stop)]
+        ctx.builder.call(ctx.own_gemms[key], [rows] + args + [marker] + columns)
 
 
 def _c(v: int) -> ir.Constant:

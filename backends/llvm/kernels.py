@@ -53,21 +53,25 @@ _counter = itertools.count()
 
 
 class Kernel:
-    """One internal function holding a loop nest over its buffers."""
+    """One internal function holding a loop nest over its buffers, and ``scalars`` more
+    ``i64`` arguments after them (:attr:`scalars`; the caller's values go to :meth:`finish`)."""
 
-    def __init__(self, ctx: Context, name: str, buffers: Sequence[Buffer]) -> None:
+    def __init__(self, ctx: Context, name: str, buffers: Sequence[Buffer], scalars: int = 0
+                 ) -> None:
         self.ctx = ctx
         self.outer = list(buffers)
         ptr = ctx.scalar.as_pointer()
-        fnty = ir.FunctionType(ir.VoidType(), [I64, I64] + [ptr] * len(buffers))
+        fnty = ir.FunctionType(ir.VoidType(), [I64, I64] + [ptr] * len(buffers) + [I64] * scalars)
         self.fn = ir.Function(ctx.module, fnty, f"{name}.{next(_counter)}")
         self.fn.linkage = "internal"
         self.fn.attributes.add("nounwind")
-        for arg in self.fn.args[2:]:
+        pointers = self.fn.args[2:2 + len(buffers)]
+        for arg in pointers:
             arg.add_attribute("noalias")
+        self.scalars = self.fn.args[2 + len(buffers):]
         self.builder = ir.IRBuilder(self.fn.append_basic_block("entry"))
         self.T, self.B = self.fn.args[0], self.fn.args[1]
-        self.buffers = [Buffer(a, b.shape) for a, b in zip(self.fn.args[2:], buffers, strict=True)]
+        self.buffers = [Buffer(a, b.shape) for a, b in zip(pointers, buffers, strict=True)]
         self._strides: dict[int, list] = {}
 
     def dim(self, d: Any) -> ir.Value:
@@ -104,14 +108,17 @@ class Kernel:
         self.loop(self.dim(shape[len(index)]),
                   lambda i: self.nest(shape, body, index + (i,)))
 
-    def finish(self, dims: tuple[ir.Value, ir.Value] | None = None) -> None:
+    def finish(self, dims: tuple[ir.Value, ir.Value] | None = None,
+               scalars: Sequence[ir.Value] = ()) -> None:
         """Close the function and call it from the program at the context's position.
 
-        ``dims`` replaces the program's (T, B) as the kernel's two size arguments.
+        ``dims`` replaces the program's (T, B) as the kernel's two size arguments; ``scalars``
+        are the values of its :attr:`scalars`.
         """
         self.builder.ret_void()
         ctx = self.ctx
-        ctx.builder.call(self.fn, list(dims or (ctx.T, ctx.B)) + [b.ptr for b in self.outer])
+        ctx.builder.call(self.fn, list(dims or (ctx.T, ctx.B)) + [b.ptr for b in self.outer]
+                         + list(scalars))
 
 
 def emit_reduce(ctx: Context, src: Buffer, out: Buffer, mean: bool) -> None:

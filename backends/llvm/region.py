@@ -9,6 +9,10 @@ column ``j`` of its result is the piece whose column range holds ``j``, which re
 read and the right one selected, so each read is clamped into its operand and every load stays
 inside its buffer.
 
+A thread team's split by hidden units evaluates a region only at a :class:`Span` of each
+output's columns (its units in every gate), over all rows; the index stays the element's own,
+so every operand is read at the right column.
+
 The per-element arithmetic of each elementwise op is the rule table
 ``rnnc.backends.llvm.rules.SCALAR``. A fused node's region is cut into parts and each part
 emitted here or, when it reduces over the feature axis, row by row
@@ -18,13 +22,14 @@ emitted here or, when it reduces over the feature axis, row by row
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from llvmlite import ir
 
 from rnnc import ops
 from rnnc.backends.llvm import rules
 from rnnc.backends.llvm.context import I64, Buffer, Context, Shape
-from rnnc.backends.llvm.kernels import Kernel
+from rnnc.backends.llvm.kernels import Kernel, emit_loop
 from rnnc.ir import Node
 
 # A fused region of more nodes is emitted as several loops, each at most this many nodes: the
@@ -173,10 +178,33 @@ class Region:
         return column
 
 
+@dataclass(frozen=True)
+class Span:
+    """A thread's hidden units ``[first, stop)`` (column numbers, i64 values of ``rnnc_run``)
+    of a step whose gates are ``units`` columns wide: a value ``g * units`` wide is computed
+    only at its columns ``k * units + [first, stop)``, for every ``k < g``, over all its rows
+    (:mod:`rnnc.backends.llvm.team`)."""
+
+    first: ir.Value
+    stop: ir.Value
+    units: int
+
+
+def _span_columns(kernel: Kernel, width: int, units: int, index: tuple,
+                  body: Callable[[tuple], None]) -> None:
+    """``body`` at the columns of each gate that the kernel's span arguments select."""
+    b = kernel.builder
+    first, stop = kernel.scalars
+    for gate in range(width // units):
+        offset = ir.Constant(I64, gate * units)
+        emit_loop(b, b.add(first, offset), b.add(stop, offset), 1,
+                  lambda j: body(index + (j,)))
+
+
 def emit_region(ctx: Context, nodes: Mapping[int, Node], leaves: dict[int, Buffer],
-                outputs: dict[int, Buffer], name: str) -> None:
+                outputs: dict[int, Buffer], name: str, span: Span | None = None) -> None:
     """Compute ``outputs`` (node id -> destination) of a region of ``nodes`` from its
-    ``leaves``.
+    ``leaves``; with ``span``, only at the span's columns of each output.
 
     Outputs of the same shape share one loop nest.
     """
@@ -185,7 +213,8 @@ def emit_region(ctx: Context, nodes: Mapping[int, Node], leaves: dict[int, Buffe
         groups.setdefault(tuple(buf.shape), []).append(nid)
     leaf_ids = list(leaves)
     for shape, nids in groups.items():
-        kernel = Kernel(ctx, name, [leaves[n] for n in leaf_ids] + [outputs[n] for n in nids])
+        kernel = Kernel(ctx, name, [leaves[n] for n in leaf_ids] + [outputs[n] for n in nids],
+                        scalars=0 if span is None else 2)
         region = Region(kernel, nodes, {n: k for k, n in enumerate(leaf_ids)})
 
         def body(index: tuple, nids: list[int] = nids, region: Region = region,
@@ -194,6 +223,16 @@ def emit_region(ctx: Context, nodes: Mapping[int, Node], leaves: dict[int, Buffe
             for pos, nid in enumerate(nids):
                 kernel.store(len(leaf_ids) + pos, index, region.value(nid, index))
 
-        kernel.nest(shape, body)
-        kernel.finish()
+        if span is None:
+            kernel.nest(shape, body)
+            kernel.finish()
+            continue
+        kernel.nest(shape[:-1], lambda index, kernel=kernel, width=shape[-1], body=body:
+                    _span_columns(kernel, width, span.units, index, body))
+        kernel.finish(scalars=(span.first, span.stop))
+
+
+def emit_copy(ctx: Context, dst: Buffer, src: Buffer, span: Span) -> None:
+    """``dst = src`` at the span's columns of each row."""
+    emit_region(ctx, {}, {0: src}, {0: dst}, "copy", span)
 

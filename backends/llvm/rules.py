@@ -132,7 +132,7 @@ def _own_or_blas(ctx: Context, rows: ir.Value, a: Buffer, b: Buffer, out: Buffer
         return
     builder = ctx.builder
     moderate = builder.icmp_signed("<=", builder.mul(rows, ir.Constant(rows.type, n * k)),
-                                   ir.Constant(rows.type, gemm.MAX_WORK))
+                                   ir.Constant(rows.type, ctx.own_max_work))
     with builder.if_else(moderate) as (mid, large):
         with mid:
             gemm.emit_panel_gemm(ctx, rows, a, b, out, transposed=transposed)

@@ -10,6 +10,11 @@ Options (the only place that reads environment variables):
 - ``team``: run the time loop of a sequence whose recurrent products are big enough
   (:data:`TEAM_MIN_WORK`) on a team of ``threads`` threads, a bool (default: on, unless
   ``$RNNC_TEAM`` is ``0``; ``docs/threads.md``);
+- ``team_split``: how a team splits a gated cell's step, ``"columns"`` (the default: the
+  recurrent product by column panels, a barrier, the elementwise region by batch rows, a
+  barrier) or ``"units"`` (each thread the product's columns of its hidden units in every gate
+  and the region at those units, one barrier; slower on the 2-core machine it was measured on,
+  ``docs/threads.md``);
 - ``cache_dir``: the cache directory (default ``$RNNC_CACHE_DIR``, else
   ``$XDG_CACHE_HOME/rnnc`` or ``~/.cache/rnnc``): object code goes to ``<cache_dir>/llvm``
   and the BLAS tuning file to ``<cache_dir>/blas.json``. ``False`` keeps object code in
@@ -37,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from rnnc import diskcache
-from rnnc.backends.llvm import autotune, cache, codegen, pool
+from rnnc.backends.llvm import autotune, cache, codegen, gemm, pool, split
 from rnnc.backends.llvm import blas as blas_lib
 from rnnc.backends.llvm.context import Plan
 from rnnc.backends.schedule import NUMPY_DTYPES, resolve
@@ -52,6 +57,8 @@ MAX_THREADS = 1024
 # Multiply-adds of the recurrent products of one step (B times the weights' sizes) from which
 # a sequence runs on the thread team; below it, a team spends more time meeting than working.
 TEAM_MIN_WORK = 1 << 22
+# How a team may split a gated cell's step (the ``team_split`` option).
+TEAM_SPLITS = ("columns", "units")
 _threads_set: dict[str, int] = {}
 _threads_lock = threading.Lock()
 _runners: weakref.WeakSet[Runner] = weakref.WeakSet()
@@ -209,7 +216,8 @@ class LlvmBackend:
 
     def __init__(self, blas: str | None = None, threads: int | None = None,
                  cache_dir: str | os.PathLike | bool | None = None,
-                 code_cache_mb: float | None = None, team: bool | None = None) -> None:
+                 code_cache_mb: float | None = None, team: bool | None = None,
+                 team_split: str = "columns") -> None:
         name = blas if blas is not None else os.environ.get("RNNC_BLAS") or None
         try:
             self.blas = blas_lib.get(name)
@@ -224,6 +232,10 @@ class LlvmBackend:
         if not isinstance(team, bool):
             raise RnncTypeError(f"team must be True or False, got {team!r}")
         self.team = team
+        if team_split not in TEAM_SPLITS:
+            raise RnncValueError(f"team_split must be one of {', '.join(map(repr, TEAM_SPLITS))}"
+                                 f", got {team_split!r}")
+        self.team_split = team_split
         if not (cache_dir is None or isinstance(cache_dir, bool | str | os.PathLike)):
             raise RnncTypeError(f"cache_dir must be a directory path, True (the default cache "
                                 f"directory) or False (memory only), got "
@@ -248,16 +260,26 @@ class LlvmBackend:
         self._set_threads()
         start = time.perf_counter()
         identity = fingerprint(program)
-        k = cache.key(identity, program.dtype, self.blas.convention)
+        # With one thread the BLAS runs on one core, where the panel kernel takes larger
+        # products (gemm.ONE_CORE_MAX_WORK): a build of its own.
+        one_core = self.threads == 1
+        # The variants' keys name the panel kernel's limit they were built with.
+        own = f"-{gemm.ONE_CORE_MAX_WORK}"
+        k = cache.key(identity, program.dtype,
+                      self.blas.convention + (":one-core" + own if one_core else ""))
         fits = lambda plan: cache.plan_fits(plan, program)  # noqa: E731
-        compiled = self.cache.get(k, identity, lambda: codegen.lower(program, self.blas.convention),
-                                  fits)
-        team, work = None, codegen.team_work(program)
+        compiled = self.cache.get(
+            k, identity, lambda: codegen.lower(program, self.blas.convention, one_core=one_core),
+            fits)
+        team, work = None, split.team_work(program)
         if self.team and self.threads > 1 and work:
-            team_key = cache.key(identity, program.dtype, self.blas.convention + ":team")
+            units = self.team_split == "units"
+            team_key = cache.key(identity, program.dtype,
+                                 self.blas.convention + (":team-units" if units else ":team")
+                                 + own)
             team = lambda: self.cache.get(  # noqa: E731
-                team_key, identity, lambda: codegen.lower(program, self.blas.convention, True),
-                fits)
+                team_key, identity,
+                lambda: codegen.lower(program, self.blas.convention, True, units=units), fits)
         return Runner(compiled, self.libraries, self.threads, program.dtype,
                       time.perf_counter() - start, self.tuning_dir, team, work)
 

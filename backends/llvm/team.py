@@ -11,15 +11,20 @@ the time loop runs on every thread. Each node of the step body is one of:
 
 - ``columns``: a recurrent product ``a @ w`` whose output columns are split in whole panels of
   rnnc's panel kernel (:mod:`rnnc.backends.llvm.gemm`); each thread packs and multiplies its
-  own panels, or, where one thread would call the BLAS (beyond ``gemm.MAX_WORK``), calls the
-  BLAS on its own columns with the library set to one thread (by thread 0 at the first step);
+  own panels, or, beyond ``gemm.ONE_CORE_MAX_WORK`` multiply-adds per step, calls the BLAS on
+  its own columns with the library set to one thread (by thread 0 at the first step);
 - ``rows``: a node whose every buffer has the batch axis ``B`` first or not at all and whose
   results all have it (elementwise, layout, a reduction over features, a copy): each thread
   computes a contiguous block of batch rows;
+- ``units``: a recurrent product together with the fused region that first reads it, when
+  that region is unit-local in it (:mod:`rnnc.backends.llvm.split`): each thread computes the
+  product's columns of its hidden units in every gate, then the region at those units, over
+  all batch rows, with no barrier in between; a copy of a value written so goes the same way;
 - ``serial``: anything else, on thread 0.
 
 A barrier separates nodes of different kinds (a product reads every row of its operand, an
-elementwise node every column of the product), and ends every step that wrote anything. The
+elementwise node every column of the product), and ends every step that wrote anything; a
+gated cell's forward step is one ``units`` node and its closing barrier. The
 partition of a node never depends on the step, so each element is always computed by the same
 thread in the same order as in a one-thread run: the results are bitwise those of a team of one.
 """
@@ -32,6 +37,8 @@ from llvmlite import ir
 
 from rnnc.backends.llvm import gemm
 from rnnc.backends.llvm.context import I32, I64, Buffer, Context
+from rnnc.backends.llvm.region import Span, emit_copy
+from rnnc.ir import Node
 
 STATE_WORDS = 8
 COUNT, GENERATION, SIZE, YIELD, SLEEP = 0, 1, 2, 3, 4
@@ -122,6 +129,13 @@ class Team:
         self.step: ir.Value = _c(0)
         # The kinds of nodes emitted since the last barrier.
         self.pending: set[str] = set()
+        # Barriers emitted so far, and those of one step body once it is emitted (not
+        # counting the one at the first step before a BLAS call on each thread's columns).
+        self.barriers = 0
+        self.first_barrier = 0
+        self.step_barriers: int | None = None
+        # The units of one gate of each buffer the step body wrote by hidden units.
+        self.written: dict[ir.Value, int] = {}
 
     def is_main(self) -> ir.Value:
         return self.ctx.builder.icmp_signed("==", self.tid, _c(0))
@@ -129,6 +143,7 @@ class Team:
     def barrier(self) -> None:
         self.ctx.builder.call(self.barrier_fn, [self.state])
         self.pending = set()
+        self.barriers += 1
 
     def _before(self, kind: str) -> None:
         if self.pending - ({"rows"} if kind == "rows" else set()):
@@ -142,13 +157,15 @@ class Team:
         self.pending.add("serial")
 
     def rows(self, inputs: Sequence[Buffer], outputs: Sequence[Buffer],
-             emit: Callable[[list[Buffer], list[Buffer]], None]) -> None:
+             emit: Callable[[list[Buffer], list[Buffer]], None], settled: bool = False) -> None:
         """``emit(inputs, outputs)`` on each thread's block of batch rows, or on thread 0
-        when the node cannot be split (:func:`separable`)."""
+        when the node cannot be split (:func:`separable`); with no barrier first when
+        ``settled``: no buffer it reads is written in this step."""
         if not separable(list(inputs) + list(outputs), outputs):
             self.serial(lambda: emit(list(inputs), list(outputs)))
             return
-        self._before("rows")
+        if not settled:
+            self._before("rows")
         ctx, b = self.ctx, self.ctx.builder
         first, stop = self.share(ctx.B)
 
@@ -174,23 +191,69 @@ class Team:
         self.pending.add("columns")
 
     def product(self, a: Buffer, w: Buffer, out: Buffer, transposed: bool) -> None:
-        """``out = a @ w`` (``a @ w.T``) split by the panel kernel's column panels: on the
-        panel kernel up to :data:`gemm.MAX_WORK` multiply-adds, beyond it (where one thread
-        would call the BLAS) a one-thread BLAS call on each thread's columns."""
-        ctx = self.ctx
+        """``out = a @ w`` (``a @ w.T``) split by the panel kernel's column panels."""
+        self.columns(lambda first, stop: self.panel_product(a, w, out, transposed,
+                                                            (first, stop)),
+                     gemm.panels(self.ctx, w, transposed))
+
+    def panel_product(self, a: Buffer, w: Buffer, out: Buffer, transposed: bool,
+                      panels: tuple[ir.Value, ir.Value], gates: int = 1) -> None:
+        """The column panels ``panels`` of each of ``gates`` equal blocks of columns of
+        ``out = a @ w`` (``a @ w.T``): on the panel kernel up to
+        :data:`gemm.ONE_CORE_MAX_WORK` multiply-adds, beyond it one one-thread BLAS call per
+        block."""
+        ctx, b = self.ctx, self.ctx.builder
         k_size, n = w.shape[::-1] if transposed else w.shape
-
-        def emit(first: ir.Value, stop: ir.Value) -> None:
-            b = ctx.builder
-            large = b.icmp_signed(">", b.mul(ctx.B, _c(n * k_size)), _c(gemm.MAX_WORK))
-            with b.if_else(large) as (by_blas, own):
-                with by_blas:
-                    gemm.emit_blas_columns(ctx, a, w, out, transposed, (first, stop),
+        per_gate = gemm.panels(ctx, w, transposed) // gates
+        large = b.icmp_signed(">", b.mul(ctx.B, _c(n * k_size)), _c(ctx.own_max_work))
+        with b.if_else(large) as (by_blas, own):
+            with by_blas:
+                for gate in range(gates):
+                    shift = _c(gate * per_gate)
+                    gemm.emit_blas_columns(ctx, a, w, out, transposed,
+                                           (b.add(panels[0], shift), b.add(panels[1], shift)),
                                            self._at_first_step)
-                with own:
-                    gemm.emit_panel_gemm(ctx, ctx.B, a, w, out, transposed, (first, stop))
+            with own:
+                gemm.emit_panel_gemm(ctx, ctx.B, a, w, out, transposed, panels, gates)
 
-        self.columns(emit, gemm.panels(ctx, w, transposed))
+    def by_units(self, node: Node, operands: Sequence[Buffer], out: Buffer, units: int,
+                 outputs: Sequence[Buffer], emit: Callable[[Span], None]) -> None:
+        """The product ``out = node(*operands)`` at each thread's hidden units in every gate,
+        then ``emit`` (writing ``outputs``) at the same units, with no barrier in between
+        (:mod:`rnnc.backends.llvm.split`)."""
+        transposed, gates = bool(node.attrs.get("transpose_b")), out.shape[-1] // units
+
+        def both(panels: tuple[ir.Value, ir.Value], span: Span) -> None:
+            self.panel_product(*operands, out, transposed, panels, gates)
+            emit(span)
+
+        self.units(units, both)
+        self.written.update((buf.ptr, units) for buf in outputs)
+
+    def copy(self, dst: Buffer, src: Buffer, settled: bool) -> None:
+        """``dst = src``: by hidden units if the step wrote ``src`` by them (each thread
+        copies what it wrote), else by rows, with no barrier first when ``settled``
+        (``src`` is not written in the step)."""
+        units = self.written.get(src.ptr)
+        if units is not None:
+            self.units(units, lambda _, span: emit_copy(self.ctx, dst, src, span), True)
+        else:
+            self.rows([src], [dst], lambda i, o: self.ctx.copy(o[0], i[0]), settled)
+
+    def units(self, units: int, emit: Callable[[tuple[ir.Value, ir.Value], Span], None],
+              settled: bool = False) -> None:
+        """``emit(panels, span)`` for this thread's share of the hidden units of gates
+        ``units`` columns wide, in whole panels of the panel kernel: ``panels`` in one gate,
+        ``span`` the same units as columns, over every batch row. A barrier comes first if
+        anything is pending, unless ``settled``: what ``emit`` reads was written by this
+        thread at these units, or not in this step."""
+        if not settled:
+            self._before("units")
+        width = 2 * gemm.lanes(self.ctx)
+        first, stop = self.share(_c(units // width))
+        b = self.ctx.builder
+        emit((first, stop), Span(b.mul(first, _c(width)), b.mul(stop, _c(width)), units))
+        self.pending.add("units")
 
     def _at_first_step(self, emit: Callable[[], None]) -> None:
         """``emit`` on thread 0 at the loop's first step, the others waiting at a barrier."""
@@ -207,7 +270,12 @@ class Team:
         stop = b.sdiv(b.mul(total, b.add(self.tid, _c(1))), self.size)
         return first, stop
 
+    def start_step(self, step: ir.Value) -> None:
+        """Before the step body is emitted: ``step`` is the loop's step counter."""
+        self.step, self.written, self.first_barrier = step, {}, self.barriers
+
     def end_step(self) -> None:
         """The barrier closing a step that wrote anything."""
         if self.pending:
             self.barrier()
+        self.step_barriers = self.barriers - self.first_barrier

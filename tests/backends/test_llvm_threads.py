@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("llvmlite")
 
 import rnnc  # noqa: E402
-from rnnc.backends.llvm import codegen, pool, runtime  # noqa: E402
+from rnnc.backends.llvm import gemm, pool, runtime, split  # noqa: E402
 from rnnc.tools.bench.configs import ln_lstm  # noqa: E402
 from tests.strategies import random_data  # noqa: E402
 
@@ -27,7 +27,7 @@ def _always_team(monkeypatch) -> None:
 
 def function(name: str, size: tuple[int, int], threads: int | None) -> rnnc.Function:
     """The cell compiled by the oracle (threads None) or by LLVM at a thread count."""
-    key = (name, size, threads)
+    key = (name, size, threads, gemm.ONE_CORE_MAX_WORK)
     if key not in _compiled:
         cell = CELLS[name](*size)
         _compiled[key] = rnnc.compile(cell, optimize=False) if threads is None else \
@@ -62,9 +62,13 @@ CASES = [  # cell, (input, hidden), T, B, dtype, variable lengths
     ("mgu", (3, 5), 3, 4, np.float64, False),  # odd H: products on thread 0
     ("lstm", (5, 16), 6, 2, np.float32, True),
     ("lstm", (4, 272), 2, 7, np.float64, False),  # K = 272: two K chunks of the panel kernel
+    # B * N * K above gemm.MAX_WORK: the BLAS in a one-thread build of a backend of several
+    # threads, the panel kernel in the team's and one thread's (gemm.ONE_CORE_MAX_WORK)
+    ("lstm", (4, 256), 2, 49, np.float32, False),
 ]
-# B * N * K above gemm.MAX_WORK: a one-thread BLAS call on each thread's columns, whose
-# rounding may depend on how many columns the call gets: checked against the oracle only.
+# B * N * K above gemm.MAX_WORK: with the team's panel-kernel limit lowered to it
+# (gemm.ONE_CORE_MAX_WORK), a one-thread BLAS call on each thread's columns, whose rounding
+# may depend on how many columns the call gets: checked against the oracle only.
 BLAS_CASES = [
     ("lstm", (4, 256), 3, 49, np.float32, True),
     ("gru", (3, 256), 2, 70, np.float64, False),
@@ -72,8 +76,11 @@ BLAS_CASES = [
 
 
 @pytest.mark.parametrize("name, size, T, B, dtype, lengths", CASES + BLAS_CASES)
-def test_team_sizes_match_oracle_and_each_other(name, size, T, B, dtype, lengths) -> None:
+def test_team_sizes_match_oracle_and_each_other(name, size, T, B, dtype, lengths,
+                                                monkeypatch) -> None:
     bitwise = (name, size, T, B, dtype, lengths) not in BLAS_CASES
+    if not bitwise:
+        monkeypatch.setattr(gemm, "ONE_CORE_MAX_WORK", gemm.MAX_WORK)
     expected = run(function(name, size, None), name, size, T, B, dtype, lengths)
     first = None
     for threads in (1, 2, 3, 8):  # 8: more threads than column panels and batch rows
@@ -89,7 +96,7 @@ def test_team_sizes_match_oracle_and_each_other(name, size, T, B, dtype, lengths
 
 def test_team_is_used_and_heuristic_keeps_small_sizes_on_one_thread(monkeypatch) -> None:
     cell = rnnc.cells.lstm(4, 16)
-    assert codegen.team_work(rnnc.compile(cell, backend="llvm", threads=2, team=True,
+    assert split.team_work(rnnc.compile(cell, backend="llvm", threads=2, team=True,
                                           cache_dir=False).program("forward")) > 0
     calls = []
     original = pool.run_team

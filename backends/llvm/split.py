@@ -1,0 +1,68 @@
+"""Which nodes of a team's step body are split how (:mod:`rnnc.backends.llvm.team`).
+
+A recurrent product ``a @ w`` (``a @ w.T``: backward's ``dG @ Uᵀ``) whose output columns are
+whole panels of rnnc's panel kernel is split by those panels (:func:`panel_work`). When the
+first node that reads such a product is a fused region that is *unit-local* in it
+(:func:`rnnc.backends.units.unit_width`: column ``j`` of every result reads the product only
+at columns ``k`` with ``k % H == j % H``), the two go together by hidden units instead
+(:func:`unit_readers`): each thread computes the product's columns ``g*H + [a, b)`` of every
+gate ``g`` for its units ``[a, b)``, then the region at the same units, with no barrier in
+between, since every value the region reads from the product was computed by the same thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rnnc import ops
+from rnnc.backends.llvm import mathlib
+from rnnc.backends.llvm.fused import per_element_nest
+from rnnc.backends.schedule import Step, schedule_program
+from rnnc.backends.units import unit_width
+from rnnc.ir import FUSED, Node, Program
+
+
+def panel_work(node: Node, a: tuple, w: tuple, width: int) -> int:
+    """The multiply-adds per batch row of a product a team splits by panels of ``width``
+    columns, else 0."""
+    if node.attrs.get("transpose_a") or tuple(a[:-1]) != ("B",) or len(w) != 2:
+        return 0
+    n, k = w if node.attrs.get("transpose_b") else w[::-1]
+    return n * k if isinstance(n, int) and isinstance(k, int) and n % width == 0 else 0
+
+
+def unit_readers(steps: Sequence[Step], width: int) -> dict[int, tuple[int, int]]:
+    """For each fused step that a team computes together with a product by hidden units, by
+    its slot: the product's slot and the units ``H`` of one gate.
+
+    A product of :func:`panel_work` qualifies when the first step of ``steps`` that reads it
+    is a fused region computed as one per-element loop nest
+    (:func:`rnnc.backends.llvm.fused.per_element_nest`) that is unit-local in it with ``H`` a
+    multiple of the panel ``width``: then a thread's units are whole panels of every gate."""
+    by_slot = {step.slot: step for step in steps}
+    readers: dict[int, tuple[int, int]] = {}
+    for k, step in enumerate(steps):
+        if step.op is not ops.matmul or not panel_work(
+                step.node, by_slot[step.inputs[0]].node.shape,
+                by_slot[step.inputs[1]].node.shape, width):
+            continue
+        first = next((s for s in steps[k + 1:] if step.slot in s.inputs), None)
+        if first is None or first.op is not FUSED or first.slot in readers \
+                or not per_element_nest(first.region):
+            continue
+        names = {first.region.args[i] for i, slot in enumerate(first.inputs) if slot == step.slot}
+        units = {unit_width(first.node.attrs["region"], name) for name in names}
+        H = units.pop() if len(units) == 1 else None
+        if H is not None and H % width == 0:
+            readers[first.slot] = (step.slot, H)
+    return readers
+
+
+def team_work(program: Program) -> int:
+    """The multiply-adds per batch row and step of the step body's products that a thread
+    team splits; 0: a team build would run every product on one thread."""
+    body = schedule_program(program).body
+    width = 2 * mathlib.vector_width(64 if program.dtype == "f64" else 32)
+    nodes = {step.slot: step.node for step in body.steps}
+    return sum(panel_work(step.node, nodes[step.inputs[0]].shape, nodes[step.inputs[1]].shape,
+                          width) for step in body.steps if step.op is ops.matmul)
