@@ -19,6 +19,7 @@ import rnnc
 from rnnc.backends.cuda import autotune, codegen, cooperative
 from rnnc.backends.cuda.persistent import persistent_tile, resident_blocks
 from rnnc.backends.cuda.ptx import NO_COMPILER, available_compiler, compile_ptx
+from tests.backends.test_cuda_fused_step import tied_lstm
 
 CELLS = ("lstm", "gru", "rnn")
 INPUT = 3
@@ -26,23 +27,6 @@ T = 4
 TOLERANCE = {np.float32: dict(rtol=2e-4, atol=2e-5), np.float64: dict(rtol=1e-9, atol=1e-11)}
 GRADIENT_TOLERANCE = {np.float32: dict(rtol=2e-3, atol=2e-4),
                       np.float64: dict(rtol=1e-9, atol=1e-11)}
-
-
-def tied_lstm(input_size: int, hidden_size: int) -> rnnc.Cell:
-    """An LSTM whose recurrent matrix is stored transposed, (4H, H): ``h @ U.T``."""
-    c = rnnc.Cell("tied_lstm")
-    x, h, cs = c.input("x", input_size), c.state("h", hidden_size), c.state("c", hidden_size)
-    W = c.param("W", (input_size, 4 * hidden_size))
-    U = c.param("U", (4 * hidden_size, hidden_size))
-    b = c.param("b", (4 * hidden_size,))
-    z = x @ W + h @ U.T + b
-    H = hidden_size
-    i, f = rnnc.sigmoid(z[:, :H]), rnnc.sigmoid(z[:, H:2 * H])
-    g, o = rnnc.tanh(z[:, 2 * H:3 * H]), rnnc.sigmoid(z[:, 3 * H:])
-    c_new = f * cs + i * g
-    c.update(h=o * rnnc.tanh(c_new), c=c_new)
-    c.output("y", o * rnnc.tanh(c_new))
-    return c
 
 
 def make(name: str, H: int) -> rnnc.Cell:
