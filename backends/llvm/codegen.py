@@ -237,10 +237,14 @@ class Lowering:
 
     def lower_node(self, node: Node, out: Buffer, operands: list) -> None:
         """One node by its rule; in a team's step body, a recurrent product by column
-        panels and any other node by batch rows where it can be split."""
+        panels and any other node by batch rows where it can be split; outside it, a team
+        build's ``linear_scan`` on every thread by columns (:meth:`Team.linear_scan`)."""
         ctx = self.ctx
         if not self.splitting:
-            RULES[node.op](ctx, node, out, *operands)
+            if node.op is ops.linear_scan and self.team is not None:
+                self.team.linear_scan(node, out, operands)
+            else:
+                RULES[node.op](ctx, node, out, *operands)
             return
         if node.op is ops.matmul and panel_work(node, operands[0].shape, operands[1].shape,
                                                 2 * gemm.lanes(ctx)):
@@ -253,22 +257,13 @@ class Lowering:
 
     @contextmanager
     def main_only(self) -> Iterator[None]:
-        """Code emitted inside runs on thread 0 only (on every thread without a team)."""
+        """Code emitted inside runs on thread 0 only (on every thread without a team), except
+        a team's ``linear_scan`` nodes."""
         if self.team is None:
             yield
             return
-        with self.ctx.builder.if_then(self.team.is_main()):
+        with self.team.main_only():
             yield
-
-    def leave_unless_main(self) -> None:
-        """Threads other than thread 0 return here."""
-        if self.team is not None:
-            b = self.ctx.builder
-            rest, leave = b.append_basic_block("main"), b.append_basic_block("leave")
-            b.cbranch(self.team.is_main(), rest, leave)
-            b.position_at_end(leave)
-            b.ret_void()
-            b.position_at_end(rest)
 
     # -- the program
     def lower(self) -> str:
@@ -278,10 +273,11 @@ class Lowering:
             self.env.update(self.lower_graph(schedule.pre, self.env, {
                 n: self.destination(n, 1) for n in schedule.pre.outputs}, reuse=True))
         self.lower_scan()
-        self.env.update(self.lower_graph(schedule.post, self.env, {
-            n: self.destination(n, 3) for n in schedule.post.outputs}, reuse=True))
-        for name, buf in self.result_buffers.items():
-            ctx.copy(buf, self.env[name])
+        with self.main_only():
+            self.env.update(self.lower_graph(schedule.post, self.env, {
+                n: self.destination(n, 3) for n in schedule.post.outputs}, reuse=True))
+            for name, buf in self.result_buffers.items():
+                ctx.copy(buf, self.env[name])
         ctx.builder.ret_void()
         ctx.entry.branch(ctx.function.blocks[1])
         calls = share_identical_functions(ctx.module, ctx.function)
@@ -341,14 +337,14 @@ class Lowering:
                 b.store(cur[c.name].ptr, slots[c.name][1])
 
         emit_loop(b, ir.Constant(I64, 0), ctx.T, 1, step, ("loop", "step", "finish"))
-        self.leave_unless_main()
         self.env.update(stacked)
         self.env.update(summed)
-        for c in scan.carries:
-            if c.final is not None:
-                final = self.destination(c.final, 2) or ctx.slot(shape_of[c.name])
-                ctx.copy(final, carry(c.name, 0))
-                self.env[c.final] = final
+        with self.main_only():
+            for c in scan.carries:
+                if c.final is not None:
+                    final = self.destination(c.final, 2) or ctx.slot(shape_of[c.name])
+                    ctx.copy(final, carry(c.name, 0))
+                    self.env[c.final] = final
 
     def _carry_slots(self, init: Buffer, shape: tuple) -> tuple[ir.Value, ir.Value]:
         """Two buffers for a carry, the first holding ``init``, and the stack slots holding

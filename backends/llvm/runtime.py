@@ -8,8 +8,9 @@ Options (the only place that reads environment variables):
   same range, or the cores this process may use); anything else is an ``RnncError``. They are
   BLAS's threads, and the size of the thread team when ``team`` is on;
 - ``team``: run the time loop of a sequence whose recurrent products are big enough
-  (:data:`TEAM_MIN_WORK`) on a team of ``threads`` threads, a bool (default: on, unless
-  ``$RNNC_TEAM`` is ``0``; ``docs/threads.md``);
+  (:data:`TEAM_MIN_WORK`), or the ``linear_scan`` nodes of one whose scans are
+  (:data:`SCAN_TEAM_MIN_WORK`, :data:`SCAN_THREAD_MIN_BYTES`), on a team of ``threads``
+  threads, a bool (default: on, unless ``$RNNC_TEAM`` is ``0``; ``docs/threads.md``);
 - ``team_split``: how a team splits a gated cell's step, ``"columns"`` (the default: the
   recurrent product by column panels, a barrier, the elementwise region by batch rows, a
   barrier) or ``"units"`` (each thread the product's columns of its hidden units in every gate
@@ -57,6 +58,16 @@ MAX_THREADS = 1024
 # Multiply-adds of the recurrent products of one step (B times the weights' sizes) from which
 # a sequence runs on the thread team; below it, a team spends more time meeting than working.
 TEAM_MIN_WORK = 1 << 22
+# A sequence also runs on the team, its products below TEAM_MIN_WORK or none, when the pre-
+# and post-loop graphs' linear_scan nodes (split.scan_work) make at least SCAN_TEAM_MIN_WORK
+# multiply-adds (T * B times their features) and each thread's columns of one step of the
+# narrowest are at least SCAN_THREAD_MIN_BYTES. The scan is memory-bound: on a 2-core VM
+# (docs/passes.md) the split lost below about 1 Mi multiply-adds (the team's start and two
+# barriers, about 60 us), and at every size where the threads' columns of a step share
+# pages (B * features of 512 floats: 0.4-0.7x), the first touch of the fresh result's pages
+# by two threads at once being slower than by one.
+SCAN_TEAM_MIN_WORK = 1 << 21
+SCAN_THREAD_MIN_BYTES = 4096
 # How a team may split a gated cell's step (the ``team_split`` option).
 TEAM_SPLITS = ("columns", "units")
 _threads_set: dict[str, int] = {}
@@ -76,12 +87,15 @@ class Runner:
 
     def __init__(self, compiled: cache.Compiled, libraries: list[blas_lib.Blas], threads: int,
                  dtype: str, compile_seconds: float, tuning_dir: Path | None = None,
-                 team: Callable[[], cache.Compiled] | None = None, team_work: int = 0) -> None:
+                 team: Callable[[], cache.Compiled] | None = None, team_work: int = 0,
+                 scans: tuple[int, int] = (0, 0)) -> None:
         self.compiled = compiled  # keeps the engine alive after the code cache drops it
         self.threads = threads
-        # The team build, compiled on first use, and the weights' multiply-adds per batch row
-        # and step of the products it splits.
+        # The team build, compiled on first use, and the multiply-adds per batch row and step
+        # of the products it splits in the loop and of the linear_scan nodes outside it.
         self._team_build, self.team_work = team, team_work
+        # split.scan_work: the linear_scan nodes' features, all and the narrowest.
+        self.scan_work, self.scan_width = scans
         self._team: tuple[cache.Compiled, Any] | None = None
         self._team_lock = threading.Lock()
         self.tuning_dir = tuning_dir
@@ -126,11 +140,14 @@ class Runner:
                     self._tables.pop(next(iter(self._tables)))
             return self._tables[key]
 
-    def team_size(self, B: int) -> int:
-        """The threads that run a sequence of batch ``B``: 1 unless the team pays."""
-        if self._team_build is None or B * self.team_work < TEAM_MIN_WORK:
+    def team_size(self, B: int, T: int = 0) -> int:
+        """The threads that run a sequence of ``T`` steps and batch ``B``: 1 unless the team
+        pays, for the products of each step or for the linear_scan nodes over all steps."""
+        if self._team_build is None:
             return 1
-        return self.threads
+        scans = 0 < self.scan_work and T * B * self.scan_work >= SCAN_TEAM_MIN_WORK and \
+            B * self.scan_width * self.dtype.itemsize >= self.threads * SCAN_THREAD_MIN_BYTES
+        return self.threads if scans or B * self.team_work >= TEAM_MIN_WORK else 1
 
     def _team_function(self) -> tuple[cache.Compiled, Any]:
         with self._team_lock:
@@ -192,7 +209,7 @@ class Runner:
             if name not in results:
                 results[name] = np.empty(resolve(shape, sizes), self.dtype)
             pointers.append(results[name].ctypes.data)
-        size = self.team_size(B)
+        size = self.team_size(B, T)
         if size > 1:
             compiled, function = self._team_function()
             table = np.array(pointers + self._workspace(T, B, compiled.plan), dtype=np.uint64)
@@ -210,8 +227,9 @@ class LlvmBackend:
     """Native code through llvmlite: one LLVM function per program."""
 
     name = "llvm"
-    # Off by default: the linear_scan kernel runs over T on one thread and writes A, Bv and C
-    # as whole sequences, slower than the fused loop it replaces (docs/passes.md).
+    # Off by default: the linear_scan kernel writes A, Bv and C as whole sequences and is
+    # memory-bound (a team splits it, rarely faster), no faster than the fused loop it
+    # replaces (docs/passes.md).
     parallel_scan = False
 
     def __init__(self, blas: str | None = None, threads: int | None = None,
@@ -271,8 +289,8 @@ class LlvmBackend:
         compiled = self.cache.get(
             k, identity, lambda: codegen.lower(program, self.blas.convention, one_core=one_core),
             fits)
-        team, work = None, split.team_work(program)
-        if self.team and self.threads > 1 and work:
+        team, work, scans = None, split.team_work(program), split.scan_work(program)
+        if self.team and self.threads > 1 and (work or scans[0]):
             units = self.team_split == "units"
             team_key = cache.key(identity, program.dtype,
                                  self.blas.convention + (":team-units" if units else ":team")
@@ -281,7 +299,7 @@ class LlvmBackend:
                 team_key, identity,
                 lambda: codegen.lower(program, self.blas.convention, True, units=units), fits)
         return Runner(compiled, self.libraries, self.threads, program.dtype,
-                      time.perf_counter() - start, self.tuning_dir, team, work)
+                      time.perf_counter() - start, self.tuning_dir, team, work, scans)
 
 
 def _threads_option(threads: int | None) -> int:

@@ -6,6 +6,12 @@ buffer of one step, updated in place (``c = A[t] * c + Bv[t]``), so that the inn
 dependence between iterations and no alias with the result; each step also writes the value
 before it (``exclusive``) or after it into the result's slice for that step. ``A`` and ``Bv``
 broadcast to the result: an axis of size 1 (or a missing leading one) has stride 0.
+
+Every element of a step (a batch row and a feature: a *column* of the flattened rows x
+features) is its own recurrence, so the kernel takes a range ``[first, stop)`` of those
+columns: a thread team's build (:mod:`rnnc.backends.llvm.team`) gives each thread its own
+block, in whole vectors, and every element is computed by the same operations in the same
+order whatever the block: the results are bitwise those of one thread.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from rnnc.backends.llvm.context import I64, Buffer, Context, Shape
-from rnnc.backends.llvm.kernels import Kernel
+from rnnc.backends.llvm.kernels import Kernel, emit_loop
 from rnnc.ir import Node
 
 
@@ -39,26 +45,49 @@ def _strides(kernel: Kernel, shape: Shape, out: Shape) -> tuple[ir.Value, ir.Val
 
 def emit_linear_scan(ctx: Context, node: Node, out: Buffer, a: Buffer, b: Buffer, c0: Buffer
                      ) -> None:
-    """``out = linear_scan[reverse, exclusive](a, b, c0)``."""
+    """``out = linear_scan[reverse, exclusive](a, b, c0)`` over every column."""
+    emit_linear_scan_columns(ctx, node, (out, a, b, c0), ctx.slot(c0.shape),
+                             (ir.Constant(I64, 0), ctx.numel(out.shape[1:])))
+
+
+def _min(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    return b.select(b.icmp_signed("<", x, y), x, y)
+
+
+def emit_linear_scan_columns(ctx: Context, node: Node, buffers: tuple[Buffer, ...],
+                             work: Buffer, columns: tuple[ir.Value, ir.Value]) -> None:
+    """The columns ``[first, stop)`` of the flattened (rows x features) of
+    ``out = linear_scan(a, b, c0)``, ``buffers`` being ``(out, a, b, c0)``; ``work`` (of
+    ``c0``'s shape) holds the running value at those columns."""
+    out, a, b, c0 = buffers
     reverse, exclusive = bool(node.attrs.get("reverse")), bool(node.attrs.get("exclusive"))
-    work = ctx.slot(c0.shape)
-    ctx.copy(work, c0)
-    kernel = Kernel(ctx, "linear_scan", [a, b, work, out])
+    kernel = Kernel(ctx, "linear_scan", [a, b, c0, work, out], scalars=2)
     kb = kernel.builder
+    first, stop = kernel.scalars
     rows = ir.Constant(I64, 1)
     for d in out.shape[1:-1]:
         rows = kb.mul(rows, kernel.dim(d))
     n = kernel.dim(out.shape[-1])
     strides = [_strides(kernel, buf.shape, out.shape) for buf in (a, b)]
     per_step = kb.mul(rows, n)
-    A, Bv, C, Out = (buf.ptr for buf in kernel.buffers)
+    A, Bv, C0, C, Out = (buf.ptr for buf in kernel.buffers)
+    emit_loop(kb, first, stop, 1, lambda q: kb.store(kb.load(kb.gep(C0, [q], inbounds=True)),
+                                                     kb.gep(C, [q], inbounds=True)))
+    # The rows that hold some of the columns: [first // n, ceil(stop / n)).
+    row_range = (kb.sdiv(first, n), kb.sdiv(kb.add(stop, kb.sub(n, ir.Constant(I64, 1))), n))
 
     def step(k: ir.Value) -> None:
         t = kb.sub(kb.sub(kernel.T, ir.Constant(I64, 1)), k) if reverse else k
 
         def row(r: ir.Value) -> None:
+            start = kb.mul(r, n)
+            low = kb.sub(first, start)
+            low = kb.select(kb.icmp_signed("<", low, ir.Constant(I64, 0)), ir.Constant(I64, 0),
+                            low)
+            high = _min(kb, kb.sub(stop, start), n)
+
             def feature(j: ir.Value) -> None:
-                at = kb.add(kb.mul(r, n), j)
+                at = kb.add(start, j)
                 av, bv = (kb.load(kb.gep(ptr, [kb.add(kb.add(kb.mul(t, st), kb.mul(r, sr)),
                                                       kb.mul(j, sj))], inbounds=True))
                           for ptr, (st, sr, sj) in zip((A, Bv), strides, strict=True))
@@ -69,12 +98,12 @@ def emit_linear_scan(ctx: Context, node: Node, out: Buffer, a: Buffer, b: Buffer
                 kb.store(before if exclusive else after,
                          kb.gep(Out, [kb.add(kb.mul(t, per_step), at)], inbounds=True))
 
-            kernel.loop(n, feature)
+            emit_loop(kb, low, high, 1, feature)
 
-        kernel.loop(rows, row)
+        emit_loop(kb, *row_range, 1, row)
 
     kernel.loop(kernel.T, step)
-    kernel.finish()
+    kernel.finish(scalars=columns)
 
 
 def emit_last_step(ctx: Context, node: Node, out: Buffer, x: Buffer) -> None:

@@ -8,10 +8,14 @@ at columns ``k`` with ``k % H == j % H``), the two go together by hidden units i
 (:func:`unit_readers`): each thread computes the product's columns ``g*H + [a, b)`` of every
 gate ``g`` for its units ``[a, b)``, then the region at the same units, with no barrier in
 between, since every value the region reads from the product was computed by the same thread.
+
+Outside the loop a team splits each ``linear_scan`` by columns (:meth:`Team.linear_scan
+<rnnc.backends.llvm.team.Team.linear_scan>`): :func:`scan_work` is what that split shares.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from rnnc import ops
@@ -20,6 +24,9 @@ from rnnc.backends.llvm.fused import per_element_nest
 from rnnc.backends.schedule import Step, schedule_program
 from rnnc.backends.units import unit_width
 from rnnc.ir import FUSED, Node, Program
+
+# The dims of a sequence that a runner knows only at call time.
+_CALL_DIMS = ("T", "B")
 
 
 def panel_work(node: Node, a: tuple, w: tuple, width: int) -> int:
@@ -66,3 +73,20 @@ def team_work(program: Program) -> int:
     nodes = {step.slot: step.node for step in body.steps}
     return sum(panel_work(step.node, nodes[step.inputs[0]].shape, nodes[step.inputs[1]].shape,
                           width) for step in body.steps if step.op is ops.matmul)
+
+
+def scan_work(program: Program) -> tuple[int, int]:
+    """The multiply-adds per step and batch row of the pre- and post-loop graphs'
+    ``linear_scan`` nodes, which a team build splits by columns (the sum of each result's
+    fixed dims: its features), and the features of the narrowest of them. (0, 0): none, or
+    one with a dim known only at call time beyond ``T`` and ``B``."""
+    schedule = schedule_program(program)
+    widths = []
+    for graph in (schedule.pre, schedule.post):
+        for step in graph.steps:
+            if step.op is ops.linear_scan:
+                dims = [d for d in step.node.shape if d not in _CALL_DIMS]
+                if not all(isinstance(d, int) for d in dims):
+                    return 0, 0
+                widths.append(math.prod(dims))
+    return sum(widths), min(widths, default=0)

@@ -6,8 +6,12 @@ tid)``: every thread of the team calls it with the same buffers and its own inde
 counter, its generation, the team size and the addresses of ``sched_yield`` and ``usleep``
 (0: none).
 
-Thread 0 alone runs the pre-loop graph, the post-loop graph and the copies around the loop;
-the time loop runs on every thread. Each node of the step body is one of:
+Thread 0 alone runs the pre-loop graph, the post-loop graph and the copies around the loop
+(:meth:`Team.main_only`), except their ``linear_scan`` nodes (the parallel-scan pass's
+recurrences over whole sequences): every thread scans its own block of the flattened
+(rows x features) columns, in whole vectors, between a barrier after thread 0 wrote the
+operands and one before thread 0 reads the result (:meth:`Team.linear_scan`). The time loop
+runs on every thread. Each node of the step body is one of:
 
 - ``columns``: a recurrent product ``a @ w`` whose output columns are split in whole panels of
   rnnc's panel kernel (:mod:`rnnc.backends.llvm.gemm`); each thread packs and multiplies its
@@ -31,13 +35,15 @@ thread in the same order as in a one-thread run: the results are bitwise those o
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 from llvmlite import ir
 
 from rnnc.backends.llvm import gemm
 from rnnc.backends.llvm.context import I32, I64, Buffer, Context
 from rnnc.backends.llvm.region import Span, emit_copy
+from rnnc.backends.llvm.scan import emit_linear_scan_columns
 from rnnc.ir import Node
 
 STATE_WORDS = 8
@@ -136,9 +142,52 @@ class Team:
         self.step_barriers: int | None = None
         # The units of one gate of each buffer the step body wrote by hidden units.
         self.written: dict[ir.Value, int] = {}
+        # Where each open stretch of thread-0-only code (main_only) joins the other threads.
+        self.joins: list[ir.Block] = []
 
     def is_main(self) -> ir.Value:
         return self.ctx.builder.icmp_signed("==", self.tid, _c(0))
+
+    @contextmanager
+    def main_only(self) -> Iterator[None]:
+        """Code emitted inside runs on thread 0 only, except :meth:`linear_scan`."""
+        self._enter_main()
+        try:
+            yield
+        finally:
+            self._leave_main()
+
+    def _enter_main(self) -> None:
+        b = self.ctx.builder
+        main, join = b.append_basic_block("main"), b.append_basic_block("team")
+        b.cbranch(self.is_main(), main, join)
+        b.position_at_end(main)
+        self.joins.append(join)
+
+    def _leave_main(self) -> None:
+        b = self.ctx.builder
+        b.branch(self.joins[-1])
+        b.position_at_end(self.joins.pop())
+
+    def linear_scan(self, node: Node, out: Buffer, operands: Sequence[Buffer]) -> None:
+        """``out = linear_scan(*operands)`` outside the time loop, on every thread: each its
+        share of the flattened (rows x features) columns in whole vectors, after a barrier
+        (thread 0 wrote the operands) and before one (thread 0 alone reads ``out``). Emitted
+        in a :meth:`main_only` stretch, it closes the stretch and opens another after it."""
+        ctx, b = self.ctx, self.ctx.builder
+        work = ctx.slot(operands[2].shape)
+        depth = len(self.joins)
+        for _ in range(depth):
+            self._leave_main()
+        self.barrier()
+        width, total = gemm.lanes(ctx), ctx.numel(out.shape[1:])
+        first, stop = self.share(b.sdiv(b.add(total, _c(width - 1)), _c(width)))
+        columns = [b.mul(end, _c(width)) for end in (first, stop)]
+        columns = [b.select(b.icmp_signed("<", end, total), end, total) for end in columns]
+        emit_linear_scan_columns(ctx, node, (out, *operands), work, (columns[0], columns[1]))
+        self.barrier()
+        for _ in range(depth):
+            self._enter_main()
 
     def barrier(self) -> None:
         self.ctx.builder.call(self.barrier_fn, [self.state])
