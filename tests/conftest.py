@@ -34,3 +34,22 @@ def private_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("RNNC_CACHE_DIR", str(root))
         yield root
+
+
+@pytest.fixture
+def runner_copies(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, int]]:
+    """The host<->device byte counts (``Runner.transfers``) of every CUDA runner call, in
+    call order."""
+    from rnnc.backends.cuda.runtime import Runner
+
+    seen: list[dict[str, int]] = []
+    for entry in ("__call__", "on_device"):
+        original = getattr(Runner, entry)
+
+        def counted(self, env, dims, original=original):
+            results = original(self, env, dims)
+            seen.append(dict(self.transfers))
+            return results
+
+        monkeypatch.setattr(Runner, entry, counted)
+    return seen

@@ -47,16 +47,17 @@ def tied_lstm(input_size: int, hidden_size: int) -> rnnc.Cell:
     return c
 
 
-def make(name: str, H: int) -> rnnc.Cell:
+def make(name: str, H: int, input_size: int = INPUT) -> rnnc.Cell:
     if name == "tied_lstm":
-        return tied_lstm(INPUT, H)
-    return getattr(rnnc.cells, name)(INPUT, H)
+        return tied_lstm(input_size, H)
+    return getattr(rnnc.cells, name)(input_size, H)
 
 
-def case(cell: rnnc.Cell, B: int, dtype: type, seed: int = 0) -> tuple:
+def case(cell: rnnc.Cell, B: int, dtype: type, seed: int = 0, input_size: int = INPUT
+         ) -> tuple:
     """Inputs, parameters, initial states and lengths (one sequence ends after one step)."""
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((T, B, INPUT)).astype(dtype)
+    x = rng.standard_normal((T, B, input_size)).astype(dtype)
     params = {k: v.astype(dtype) for k, v in cell.init_params(seed=seed).items()}
     fn = rnnc.compile(cell, optimize=False)
     _, finals = fn(x, params)

@@ -19,7 +19,6 @@ import pytest
 
 import rnnc
 from rnnc.backends.cuda.device import EmulatedArray
-from rnnc.backends.cuda.runtime import Runner
 from rnnc.errors import RnncTypeError, RnncValueError
 from rnnc.names import MASK
 from tests.backends.test_cuda_backend import gpu_reason
@@ -29,22 +28,6 @@ I, H, T, B, L, D = 3, 2, 5, 3, 2, 2  # I and H of tests.rnnc.test_layers
 LENGTHS = np.array([5, 2, 4])
 P = 0.4
 TOL = {np.float32: dict(rtol=2e-4, atol=2e-5), np.float64: dict(rtol=1e-9, atol=1e-11)}
-
-
-@pytest.fixture
-def runner_copies(monkeypatch) -> list[dict[str, int]]:
-    """Every cell call's host<->device byte counts (``Runner.transfers``), in call order."""
-    seen: list[dict[str, int]] = []
-    for entry in ("__call__", "on_device"):
-        original = getattr(Runner, entry)
-
-        def counted(self, env, dims, original=original):
-            results = original(self, env, dims)
-            seen.append(dict(self.transfers))
-            return results
-
-        monkeypatch.setattr(Runner, entry, counted)
-    return seen
 
 
 def fake(tree: Any) -> Any:

@@ -12,6 +12,8 @@ sm_90. Sizes are tiny: the emulator runs one fiber per CUDA thread.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 
@@ -19,7 +21,7 @@ import rnnc
 from rnnc.backends.cuda import autotune, codegen, cooperative
 from rnnc.backends.cuda.persistent import persistent_tile, resident_blocks
 from rnnc.backends.cuda.ptx import NO_COMPILER, available_compiler, compile_ptx
-from tests.backends.test_cuda_fused_step import tied_lstm
+from tests.backends import test_cuda_fused_step as fused_step_tests
 
 CELLS = ("lstm", "gru", "rnn")
 INPUT = 3
@@ -29,22 +31,9 @@ GRADIENT_TOLERANCE = {np.float32: dict(rtol=2e-3, atol=2e-4),
                       np.float64: dict(rtol=1e-9, atol=1e-11)}
 
 
-def make(name: str, H: int) -> rnnc.Cell:
-    if name == "tied_lstm":
-        return tied_lstm(INPUT, H)
-    return getattr(rnnc.cells, name)(INPUT, H)
-
-
-def case(cell: rnnc.Cell, B: int, dtype: type, seed: int = 0) -> tuple:
-    """Inputs, parameters, initial states and lengths (one sequence ends after one step)."""
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((T, B, INPUT)).astype(dtype)
-    params = {k: v.astype(dtype) for k, v in cell.init_params(seed=seed).items()}
-    _, finals = rnnc.compile(cell, optimize=False)(x, params)
-    states = {k: (0.5 * rng.standard_normal(v.shape)).astype(dtype) for k, v in finals.items()}
-    lengths = rng.integers(1, T + 1, size=B)
-    lengths[0] = 1
-    return x, params, states, lengths
+# The fused step's tests' cells and data, at this file's input size.
+make = partial(fused_step_tests.make, input_size=INPUT)
+case = partial(fused_step_tests.case, input_size=INPUT)
 
 
 def plans(fn: rnnc.Function, mode: str) -> list:

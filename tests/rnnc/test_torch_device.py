@@ -108,9 +108,8 @@ GPU = pytest.mark.skipif(gpu_reason() is not None, reason=str(gpu_reason()))
 @pytest.mark.cuda
 @GPU
 @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
-def test_cuda_tensors_stay_on_the_gpu_forward_and_backward(mode, monkeypatch) -> None:
-    from rnnc.backends.cuda.runtime import Runner
-
+def test_cuda_tensors_stay_on_the_gpu_forward_and_backward(mode, monkeypatch,
+                                                          runner_copies) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA build of torch (this one sees no GPU)")
     torch.manual_seed(0)
@@ -119,16 +118,7 @@ def test_cuda_tensors_stay_on_the_gpu_forward_and_backward(mode, monkeypatch) ->
     module = rnnc.torch.RNN(mode, I, H, backend="cuda", **kw)
     module.load_state_dict(reference.state_dict())
     x = torch.randn(T, B, I, dtype=torch.float64, device="cuda", requires_grad=True)
-    copies: list[dict] = []  # every cell call's bytes, host calls included
-    for entry in ("__call__", "on_device"):
-        original = getattr(Runner, entry)
-
-        def counted(self, env, dims, original=original):
-            results = original(self, env, dims)
-            copies.append(dict(self.transfers))
-            return results
-
-        monkeypatch.setattr(Runner, entry, counted)
+    copies = runner_copies  # every cell call's bytes, host calls included
 
     def no_host_copy(*args, **kwargs):
         raise AssertionError("a CUDA tensor was copied to the host")
