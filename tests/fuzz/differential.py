@@ -54,7 +54,7 @@ class Target:
 
     def available(self) -> str | None:
         """None, or why this target cannot run on this machine."""
-        if self.name == "llvm":
+        if self.name.startswith("llvm"):
             try:
                 import llvmlite  # noqa: F401
             except ImportError:
@@ -73,6 +73,10 @@ TARGETS = {
     "numpy": Target("numpy", lambda cell: rnnc.compile(cell, backend="numpy")),
     # Memory-only code cache: every run compiles the code generators as they are now.
     "llvm": Target("llvm", lambda cell: rnnc.compile(cell, backend="llvm", cache_dir=False)),
+    # LLVM leaves parallel-scan off by default (backends/llvm/runtime.py); this target turns it
+    # on, so that its linear_scan kernels meet fuzzed cells too.
+    "llvm-scan": Target("llvm-scan", lambda cell: rnnc.compile(
+        cell, backend="llvm", cache_dir=False, parallel_scan=True)),
     "cuda-emulate": Target("cuda-emulate",
                            lambda cell: rnnc.compile(cell, backend="cuda", emulate=True)),
     "cuda": Target("cuda", lambda cell: rnnc.compile(cell, backend="cuda")),

@@ -2,22 +2,26 @@
 
 Default run: 300 cells (seeds 0-299) on the optimizing NumPy backend, each in float64 with or
 without lengths (alternating) and every tenth also in float32, through inference, training
-forward and backward. LLVM (8 cells) and the CUDA emulation (24 cells, six per compiled
-program) see fewer, since compiling costs ~0.4 s and ~1 s per program there; each of their
-cells runs in one (dtype, lengths) combination, taken in turn so that every combination is
-covered. ``pytest -m slow`` runs 5,000 more cells (seeds 300-5299): every cell on NumPy in all
-four combinations, and on LLVM and the CUDA emulation in one combination each, in turn: 50
-chunks of 100 cells per target, each chunk about 1 minute on NumPy, 1.3 on the CUDA emulation
-and 3.3 on LLVM on one core (4.5 hours in all; chunks are independent tests, so they can be
-spread over processes or machines). A failure prints a shrunk reproducer (tests/fuzz/shrink.py).
+forward and backward. LLVM (8 cells, and 8 more with parallel-scan on, which LLVM leaves off
+by default) and the CUDA emulation (24 cells, six per compiled program) see fewer, since
+compiling costs ~0.4 s and ~1 s per program there; each of their cells runs in one (dtype,
+lengths) combination, taken in turn so that every combination is covered. ``pytest -m slow``
+runs 5,000 more cells (seeds 300-5299): every cell on NumPy in all four combinations, and on
+LLVM (with and without parallel-scan) and the CUDA emulation in one combination each, in turn:
+50 chunks of 100 cells per target, each chunk about 1 minute on NumPy, 1.3 on the CUDA
+emulation and 3.3 on LLVM on one core (7 hours in all; chunks are independent tests, so they
+can be spread over processes or machines). A failure prints a shrunk reproducer
+(tests/fuzz/shrink.py).
 """
 
 from __future__ import annotations
 
 import pytest
 
+import rnnc
 from tests.fuzz.campaign import fuzz
-from tests.fuzz.differential import COMBOS, TARGETS, Stats
+from tests.fuzz.differential import COMBOS, TARGETS, Stats, case
+from tests.fuzz.spec import build
 
 SLOW_SEEDS = range(300, 5300)
 SLOW_CHUNKS = 50
@@ -63,6 +67,19 @@ def test_llvm_matches_oracle() -> None:
     _run(range(0, 300, 38), "llvm", _in_turn)
 
 
+# Cells in which parallel-scan finds a carry linear in itself (about a quarter of all cells);
+# the test checks that it still does, so the list cannot go stale as the generator changes.
+SCAN_SEEDS = (2, 3, 13, 14, 15, 16, 18, 20)
+
+
+def test_llvm_parallel_scan_matches_oracle() -> None:
+    for seed in SCAN_SEEDS:
+        fn = rnnc.compile(build(case(seed).spec), backend="llvm", cache_dir=False,
+                          parallel_scan=True)
+        assert any("linear_scan" in counts for counts in fn.op_counts().values()), seed
+    _run(SCAN_SEEDS, "llvm-scan", _in_turn)
+
+
 def test_cuda_emulation_matches_oracle() -> None:
     # Six cells per compiled program: g++ costs the same for one cell or six.
     _run(range(5, 293, 12), "cuda-emulate", _in_turn, bundle_size=6)
@@ -74,14 +91,14 @@ def test_cuda_gpu_matches_oracle() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target", ["numpy", "llvm", "cuda-emulate", "cuda"])
+@pytest.mark.parametrize("target", ["numpy", "llvm", "llvm-scan", "cuda-emulate", "cuda"])
 @pytest.mark.parametrize("chunk", range(SLOW_CHUNKS))
 def test_slow_matches_oracle(target: str, chunk: int) -> None:
     size = len(SLOW_SEEDS) // SLOW_CHUNKS
     seeds = SLOW_SEEDS[chunk * size:(chunk + 1) * size]
     if target == "numpy":
         _run(seeds, target, lambda k: COMBOS)
-    elif target == "llvm":
+    elif target.startswith("llvm"):
         _run(seeds, target, lambda k: _in_turn(seeds[k]))
     else:  # the CUDA emulation, or a GPU where there is one
         _run(seeds, target, lambda k: _in_turn(chunk + k), bundle_size=6)
