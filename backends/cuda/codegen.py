@@ -33,7 +33,7 @@ from rnnc.backends.cuda.kernels import kernel_source
 from rnnc.backends.cuda.persistent import PersistentKernel, persistent_kernel
 from rnnc.backends.cuda.rows import row_kernel_source, row_shape
 from rnnc.backends.cuda.rules import CudaRenderer
-from rnnc.backends.cuda.scan import scan_kernel
+from rnnc.backends.cuda.scan import chunked_kernel, scan_kernel
 from rnnc.backends.schedule import GraphSchedule, ProgramSchedule, Step, schedule_program
 from rnnc.ir import ARG, FUSED, GET, Graph, Node, Program, Shape
 
@@ -52,6 +52,9 @@ class Launch:
     shapes: tuple[Shape, ...]  # one per result
     fused: bool  # results form a tuple that ``get`` nodes pick from
     per_row: bool = False  # one thread per row of the results (a region that reduces)
+    # A linear_scan's chunked kernel (same arguments), which the host launches instead where
+    # the sizes of a call favour it (scan.chunked_geometry); "" for every other launch.
+    chunked: str = ""
 
 
 @dataclass(frozen=True)
@@ -174,8 +177,12 @@ def graph_steps(graph: GraphSchedule, kernels: _Kernels,
             steps.append(kernels.launch(nodes, step))
         elif step.op.kind is ops.OpKind.SCAN:  # over the time axis, outside the loop: scan.py
             text, operands = scan_kernel(step, nodes, kernels.renderer)
-            steps.append(Launch(step.slot, kernels.name(text), operands, (step.node.shape,),
-                                False))
+            name, chunked = kernels.name(text), ""
+            if step.op is ops.linear_scan:
+                chunked = kernels.name(chunked_kernel(step, nodes, kernels.renderer))
+                kernels.barriers.add(chunked)
+            steps.append(Launch(step.slot, name, operands, (step.node.shape,), False,
+                                chunked=chunked))
         else:
             raise NotImplementedError(f"cuda: no lowering for {step.op.name}")
     return steps
@@ -210,8 +217,9 @@ def render(program: Program | ProgramSchedule, prefix: str = "k_", fused_step: s
     header = (f"// rnnc: CUDA kernels of one program ({renderer.ctype}).\n"
               f"// One thread per output element, grid-stride loops; sizes T and B at run time.\n")
     if module.barriers:
-        header += ("// A fused step's kernel: one block per tile of rows and hidden units, "
-                   "shared memory.\n")
+        header += ("// Kernels with shared memory and __syncthreads(): a fused step's (one block "
+                   "per tile of rows and\n// hidden units) and a chunked linear_scan's (one block "
+                   "per tile of columns and chunks of steps).\n")
     module.prelude = renderer.prelude()
     module.kernel_text = "".join("\n" + text.replace("@KERNEL@", name)
                                  for text, name in kernels.names.items())

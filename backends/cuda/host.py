@@ -9,9 +9,11 @@ once per program (:class:`ScanPlan`): body values live in two buffers used on al
 so a carried value read at step t+1 is never the buffer being written at step t+1, and a
 stacked output computed by a kernel or GEMM is written straight into its slot of the (T, ...)
 result. A kernel runs one thread per element of its largest result, or one per row when its
-launch says so (a region that reduces over features); fused nodes run alike in every graph. A
-fused step (:mod:`.fused_step`) is one launch of a block per tile of rows and hidden units; the
-product it absorbs has no buffer. A host runs one path of a module: ``fused=False`` takes the
+launch says so (a region that reduces over features), except a ``linear_scan`` that the sizes
+of the call give to its chunked kernel (:func:`.scan.chunked_geometry`: a block per tile of
+columns and chunks of steps); fused nodes run alike in every graph. A fused step
+(:mod:`.fused_step`) is one launch of a block per tile of rows and hidden units; the product it
+absorbs has no buffer. A host runs one path of a module: ``fused=False`` takes the
 loop body of ``Module.gemm_body`` (GEMM and kernel) where the module has both; a host given a
 ``persistent`` launch records the whole loop as one cooperative launch where the shape suits
 it (:mod:`.persistent`), else its steps as the fused path does.
@@ -30,6 +32,7 @@ from rnnc.backends.cuda.codegen import BLOCK, Gemm, Module, Work
 from rnnc.backends.cuda.fused_step import FusedStep
 from rnnc.backends.cuda.persistent import PersistentLaunch, record_persistent
 from rnnc.backends.cuda.plan import Entry, Plan
+from rnnc.backends.cuda.scan import chunked_geometry
 from rnnc.backends.schedule import GraphSchedule, ProgramSchedule, resolve
 from rnnc.ir import ARG, GET, Shape
 
@@ -178,9 +181,14 @@ class Host:
         # One thread per element, or per row (every result of a row kernel has the same rows).
         total = max(int(np.prod(o.shape[:-1] if step.per_row else o.shape)) for o in outs)
         if total:
-            grid = min((total + BLOCK - 1) // BLOCK, MAX_BLOCKS)
+            kernel, grid, block = step.kernel, min((total + BLOCK - 1) // BLOCK, MAX_BLOCKS), BLOCK
+            # A linear_scan: its chunked kernel where these sizes favour it (scan.py).
+            chunked = step.chunked and chunked_geometry(int(size_args[0]),
+                                                        int(np.prod(outs[0].shape[1:])))
+            if chunked:
+                kernel, (grid, block) = step.chunked, chunked
             args = tuple(vals[i] for i in step.inputs) + tuple(outs) + size_args
-            plan.record(replace(at, kind="kernel"), self.kernels[step.kernel], (grid,), (BLOCK,),
+            plan.record(replace(at, kind="kernel"), self.kernels[kernel], (grid,), (block,),
                         args)
         return tuple(outs) if step.fused else outs[0]
 
