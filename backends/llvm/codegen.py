@@ -59,7 +59,8 @@ class Lowering:
     """Builds ``rnnc_run`` for one program: walks its schedule and gives every node a buffer."""
 
     def __init__(self, program: Program, convention: Convention, team: bool = False,
-                 one_core: bool = False, units: bool = False) -> None:
+                 one_core: bool = False, units: bool = False,
+                 scan_limits: tuple[int, int] | None = None) -> None:
         self.schedule = schedule_program(program)
         shapes = env_shapes(program)
         plan = Plan(program.dtype, tuple((n, t.shape) for n, (_, t) in program.args.items()),
@@ -68,7 +69,7 @@ class Lowering:
         # A team's threads, and a backend of one thread, call the BLAS on one core.
         self.ctx.own_max_work = gemm.ONE_CORE_MAX_WORK if team or one_core else gemm.MAX_WORK
         # A team build splits the nodes of the step body between threads while ``splitting``.
-        self.team = Team(self.ctx) if team else None
+        self.team = Team(self.ctx, scan_limits) if team else None
         self.splitting = False
         self.units = units  # split a gated cell's step by hidden units (split.unit_readers)
         self.env: dict[str, Buffer] = {n: self.ctx.buffer(k, s)
@@ -385,10 +386,12 @@ def _needed(graph: GraphSchedule) -> set[int]:
 
 
 def lower(program: Program, convention: Convention, team: bool = False,
-          one_core: bool = False, units: bool = False) -> tuple[str, Plan]:
+          one_core: bool = False, units: bool = False,
+          scan_limits: tuple[int, int] | None = None) -> tuple[str, Plan]:
     """The LLVM IR text of ``rnnc_run`` for ``program`` and its buffer plan; ``team``: the
     build for a thread team (:mod:`rnnc.backends.llvm.team`); ``one_core``: the build of a
     backend whose BLAS runs on one thread (the panel kernel takes larger products); ``units``:
-    a team build splits a gated cell's step by hidden units."""
-    lowering = Lowering(program, convention, team, one_core, units)
+    a team build splits a gated cell's step by hidden units; ``scan_limits``: where a team
+    build splits a ``linear_scan`` over its steps (:class:`Team`; None: by columns only)."""
+    lowering = Lowering(program, convention, team, one_core, units, scan_limits)
     return lowering.lower(), lowering.ctx.plan

@@ -9,7 +9,8 @@ Options (the only place that reads environment variables):
   BLAS's threads, and the size of the thread team when ``team`` is on;
 - ``team``: run the time loop of a sequence whose recurrent products are big enough
   (:data:`TEAM_MIN_WORK`), or the ``linear_scan`` nodes of one whose scans are
-  (:data:`SCAN_TEAM_MIN_WORK`, :data:`SCAN_THREAD_MIN_BYTES`), on a team of ``threads``
+  (:data:`SCAN_TEAM_MIN_WORK`, :data:`SCAN_THREAD_MIN_BYTES`, :data:`SCAN_CHUNK_MIN_STEPS`,
+  :data:`SCAN_CHUNK_MIN_WORK`), on a team of ``threads``
   threads, a bool (default: on, unless ``$RNNC_TEAM`` is ``0``; ``docs/threads.md``);
 - ``team_split``: how a team splits a gated cell's step, ``"columns"`` (the default: the
   recurrent product by column panels, a barrier, the elementwise region by batch rows, a
@@ -43,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from rnnc import diskcache
-from rnnc.backends.llvm import autotune, cache, codegen, gemm, pool, split
+from rnnc.backends.llvm import autotune, cache, codegen, gemm, pool, scan_chunks, split
 from rnnc.backends.llvm import blas as blas_lib
 from rnnc.backends.llvm.context import Plan
 from rnnc.backends.schedule import NUMPY_DTYPES, resolve
@@ -60,14 +61,20 @@ MAX_THREADS = 1024
 TEAM_MIN_WORK = 1 << 22
 # A sequence also runs on the team, its products below TEAM_MIN_WORK or none, when the pre-
 # and post-loop graphs' linear_scan nodes (split.scan_work) make at least SCAN_TEAM_MIN_WORK
-# multiply-adds (T * B times their features) and each thread's columns of one step of the
-# narrowest are at least SCAN_THREAD_MIN_BYTES. The scan is memory-bound: on a 2-core VM
-# (docs/passes.md) the split lost below about 1 Mi multiply-adds (the team's start and two
-# barriers, about 60 us), and at every size where the threads' columns of a step share
-# pages (B * features of 512 floats: 0.4-0.7x), the first touch of the fresh result's pages
-# by two threads at once being slower than by one.
+# multiply-adds (T * B times their features) and the narrowest is split (split.scan_form) by
+# columns, each thread's columns of one step being at least SCAN_THREAD_MIN_BYTES, or, its
+# columns fewer, over its steps, with at least SCAN_CHUNK_MIN_STEPS steps a thread and
+# SCAN_CHUNK_MIN_WORK multiply-adds. The scan is memory-bound: on a 2-core VM
+# (docs/passes.md) the split by columns lost below about 1 Mi multiply-adds (the team's start
+# and two barriers, about 60 us), and at every size where the threads' columns of a step
+# share pages (B * features of 512 floats: 0.4-0.7x), the first touch of the fresh result's
+# pages by two threads at once being slower than by one. The split over steps reads the
+# chunks but the last twice: at B * features of 512 floats it ran the scan at 0.9x at 2 and
+# 4 Mi multiply-adds, 1.1-1.2x at 8 Mi.
 SCAN_TEAM_MIN_WORK = 1 << 21
 SCAN_THREAD_MIN_BYTES = 4096
+SCAN_CHUNK_MIN_STEPS = 64
+SCAN_CHUNK_MIN_WORK = 1 << 23
 # How a team may split a gated cell's step (the ``team_split`` option).
 TEAM_SPLITS = ("columns", "units")
 _threads_set: dict[str, int] = {}
@@ -145,9 +152,18 @@ class Runner:
         pays, for the products of each step or for the linear_scan nodes over all steps."""
         if self._team_build is None:
             return 1
-        scans = 0 < self.scan_work and T * B * self.scan_work >= SCAN_TEAM_MIN_WORK and \
-            B * self.scan_width * self.dtype.itemsize >= self.threads * SCAN_THREAD_MIN_BYTES
+        work = T * B * self.scan_work
+        form = self.scan_form(B, T) if 0 < work and work >= SCAN_TEAM_MIN_WORK else None
+        scans = form == "columns" or (form == "steps" and work >= SCAN_CHUNK_MIN_WORK)
         return self.threads if scans or B * self.team_work >= TEAM_MIN_WORK else 1
+
+    def scan_form(self, B: int, T: int) -> str | None:
+        """How the team build splits the narrowest ``linear_scan`` at (T, B) on a team of
+        ``threads`` (:func:`split.scan_form`); None: no team pays for it, or no scan."""
+        if not self.scan_work:
+            return None
+        return split.scan_form(B * self.scan_width, self.dtype.itemsize, T, self.threads,
+                               (SCAN_THREAD_MIN_BYTES, SCAN_CHUNK_MIN_STEPS))
 
     def _team_function(self) -> tuple[cache.Compiled, Any]:
         with self._team_lock:
@@ -292,12 +308,16 @@ class LlvmBackend:
         team, work, scans = None, split.team_work(program), split.scan_work(program)
         if self.team and self.threads > 1 and (work or scans[0]):
             units = self.team_split == "units"
+            # Where a scan is split over its steps is compiled in: the key names it.
+            limits = (SCAN_THREAD_MIN_BYTES, SCAN_CHUNK_MIN_STEPS)
             team_key = cache.key(identity, program.dtype,
                                  self.blas.convention + (":team-units" if units else ":team")
-                                 + own)
+                                 + own + f"-scan{limits[0]}-{limits[1]}-"
+                                 f"{scan_chunks.FIRST_CHUNK_WEIGHT}")
             team = lambda: self.cache.get(  # noqa: E731
                 team_key, identity,
-                lambda: codegen.lower(program, self.blas.convention, True, units=units), fits)
+                lambda: codegen.lower(program, self.blas.convention, True, units=units,
+                                      scan_limits=limits), fits)
         return Runner(compiled, self.libraries, self.threads, program.dtype,
                       time.perf_counter() - start, self.tuning_dir, team, work, scans)
 

@@ -11,7 +11,9 @@ Every element of a step (a batch row and a feature: a *column* of the flattened 
 features) is its own recurrence, so the kernel takes a range ``[first, stop)`` of those
 columns: a thread team's build (:mod:`rnnc.backends.llvm.team`) gives each thread its own
 block, in whole vectors, and every element is computed by the same operations in the same
-order whatever the block: the results are bitwise those of one thread.
+order whatever the block: the results are bitwise those of one thread. The kernel also takes
+a range of the steps, for a team that splits a scan too narrow for that into chunks of steps
+(:mod:`rnnc.backends.llvm.scan_chunks`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from rnnc.backends.llvm.kernels import Kernel, emit_loop
 from rnnc.ir import Node
 
 
-def _strides(kernel: Kernel, shape: Shape, out: Shape) -> tuple[ir.Value, ir.Value, ir.Value]:
+def operand_strides(kernel: Kernel, shape: Shape, out: Shape
+                    ) -> tuple[ir.Value, ir.Value, ir.Value]:
     """An operand's strides in elements along the result's (step, row, feature) axes, the rows
     being every axis between the first and the last; 0 along a broadcast axis."""
     b = kernel.builder
@@ -55,20 +58,23 @@ def _min(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
 
 
 def emit_linear_scan_columns(ctx: Context, node: Node, buffers: tuple[Buffer, ...],
-                             work: Buffer, columns: tuple[ir.Value, ir.Value]) -> None:
+                             work: Buffer, columns: tuple[ir.Value, ir.Value],
+                             steps: tuple[ir.Value, ir.Value] | None = None) -> None:
     """The columns ``[first, stop)`` of the flattened (rows x features) of
     ``out = linear_scan(a, b, c0)``, ``buffers`` being ``(out, a, b, c0)``; ``work`` (of
-    ``c0``'s shape) holds the running value at those columns."""
+    ``c0``'s shape) holds the running value at those columns. ``steps``: only the steps
+    ``[first, stop)`` in scan order (counted from the last step when reversed), from ``c0``
+    (a chunk of the steps, :mod:`rnnc.backends.llvm.scan_chunks`); default all of them."""
     out, a, b, c0 = buffers
     reverse, exclusive = bool(node.attrs.get("reverse")), bool(node.attrs.get("exclusive"))
-    kernel = Kernel(ctx, "linear_scan", [a, b, c0, work, out], scalars=2)
+    kernel = Kernel(ctx, "linear_scan", [a, b, c0, work, out], scalars=2 if steps is None else 4)
     kb = kernel.builder
-    first, stop = kernel.scalars
+    first, stop = kernel.scalars[:2]
     rows = ir.Constant(I64, 1)
     for d in out.shape[1:-1]:
         rows = kb.mul(rows, kernel.dim(d))
     n = kernel.dim(out.shape[-1])
-    strides = [_strides(kernel, buf.shape, out.shape) for buf in (a, b)]
+    strides = [operand_strides(kernel, buf.shape, out.shape) for buf in (a, b)]
     per_step = kb.mul(rows, n)
     A, Bv, C0, C, Out = (buf.ptr for buf in kernel.buffers)
     emit_loop(kb, first, stop, 1, lambda q: kb.store(kb.load(kb.gep(C0, [q], inbounds=True)),
@@ -102,8 +108,12 @@ def emit_linear_scan_columns(ctx: Context, node: Node, buffers: tuple[Buffer, ..
 
         emit_loop(kb, *row_range, 1, row)
 
-    kernel.loop(kernel.T, step)
-    kernel.finish(scalars=columns)
+    if steps is None:
+        kernel.loop(kernel.T, step)
+        kernel.finish(scalars=columns)
+    else:
+        emit_loop(kb, *kernel.scalars[2:], 1, step)
+        kernel.finish(scalars=columns + steps)
 
 
 def emit_last_step(ctx: Context, node: Node, out: Buffer, x: Buffer) -> None:

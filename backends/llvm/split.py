@@ -10,7 +10,9 @@ gate ``g`` for its units ``[a, b)``, then the region at the same units, with no 
 between, since every value the region reads from the product was computed by the same thread.
 
 Outside the loop a team splits each ``linear_scan`` by columns (:meth:`Team.linear_scan
-<rnnc.backends.llvm.team.Team.linear_scan>`): :func:`scan_work` is what that split shares.
+<rnnc.backends.llvm.team.Team.linear_scan>`), or over its steps where its columns are too few
+(:mod:`rnnc.backends.llvm.scan_chunks`): :func:`scan_work` is what those splits share, and
+:func:`scan_form` which of the two a scan takes.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import math
 from collections.abc import Sequence
 
 from rnnc import ops
-from rnnc.backends.llvm import mathlib
+from rnnc.backends.llvm import mathlib, scan_chunks
 from rnnc.backends.llvm.fused import per_element_nest
 from rnnc.backends.schedule import Step, schedule_program
 from rnnc.backends.units import unit_width
@@ -90,3 +92,20 @@ def scan_work(program: Program) -> tuple[int, int]:
                     return 0, 0
                 widths.append(math.prod(dims))
     return sum(widths), min(widths, default=0)
+
+
+def scan_form(columns: int, itemsize: int, steps: int, threads: int,
+              limits: tuple[int, int]) -> str | None:
+    """How a team of ``threads`` splits a ``linear_scan`` of ``columns`` columns (``B`` times
+    its features) over ``steps`` steps, ``limits`` being ``(bytes, steps)``: ``"columns"``
+    where each thread's columns of a step make at least ``bytes``; else ``"steps"`` where
+    there are at least ``steps`` steps a thread and the workspace holds the team
+    (:func:`scan_chunks.fits <rnnc.backends.llvm.scan_chunks.fits>`); else None, where a
+    team gains nothing (the generated code, which makes the same choice, then splits it by
+    columns)."""
+    least_bytes, least_steps = limits
+    if columns * itemsize >= threads * least_bytes:
+        return "columns"
+    if steps >= threads * least_steps and scan_chunks.fits(columns, threads, itemsize):
+        return "steps"
+    return None

@@ -3,14 +3,17 @@
 A team build of a program (``docs/threads.md``) is ``rnnc_run(buffers, T, B, gemms, team,
 tid)``: every thread of the team calls it with the same buffers and its own index ``tid``.
 ``team`` points to :data:`STATE_WORDS` i64 words shared by the team: the barrier's arrival
-counter, its generation, the team size and the addresses of ``sched_yield`` and ``usleep``
-(0: none).
+counter, its generation, the team size, the addresses of ``sched_yield`` and ``usleep`` (0:
+none), and the counter and generation of the barrier of threads 1 .. N-1 in a scan split over
+its steps.
 
 Thread 0 alone runs the pre-loop graph, the post-loop graph and the copies around the loop
 (:meth:`Team.main_only`), except their ``linear_scan`` nodes (the parallel-scan pass's
 recurrences over whole sequences): every thread scans its own block of the flattened
-(rows x features) columns, in whole vectors, between a barrier after thread 0 wrote the
-operands and one before thread 0 reads the result (:meth:`Team.linear_scan`). The time loop
+(rows x features) columns, in whole vectors, or, where each thread's columns of a step would
+fill less than a page, its own chunk of the steps (:mod:`rnnc.backends.llvm.scan_chunks`),
+between a barrier after thread 0 wrote the operands and one before thread 0 reads the result
+(:meth:`Team.linear_scan`). The time loop
 runs on every thread. Each node of the step body is one of:
 
 - ``columns``: a recurrent product ``a @ w`` whose output columns are split in whole panels of
@@ -44,10 +47,11 @@ from rnnc.backends.llvm import gemm
 from rnnc.backends.llvm.context import I32, I64, Buffer, Context
 from rnnc.backends.llvm.region import Span, emit_copy
 from rnnc.backends.llvm.scan import emit_linear_scan_columns
+from rnnc.backends.llvm.scan_chunks import BUFFERS_PER_THREAD, WORKSPACE_BYTES, emit_chunked_scan
 from rnnc.ir import Node
 
 STATE_WORDS = 8
-COUNT, GENERATION, SIZE, YIELD, SLEEP = 0, 1, 2, 3, 4
+COUNT, GENERATION, SIZE, YIELD, SLEEP, SCAN_COUNT = 0, 1, 2, 3, 4, 5
 # Spins on the generation before each wait starts calling sched_yield.
 SPINS = 4000
 # Calls of sched_yield before a wait sleeps NAP_US microseconds at a time: a thread waiting
@@ -72,18 +76,21 @@ def separable(buffers: Sequence[Buffer], outputs: Sequence[Buffer]) -> bool:
 
 
 def barrier_function(module: ir.Module) -> ir.Function:
-    """``void rnnc_barrier(i64* state)``: a counter barrier with a generation number."""
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64.as_pointer()]), "rnnc_barrier")
+    """``void rnnc_barrier(i64* state, i64 word, i64 size)``: a counter barrier of ``size``
+    threads with a generation number, its counter at ``state[word]`` and its generation at
+    ``state[word + 1]`` (the team's, or that of the threads 1 .. N-1 of a scan split over its
+    steps, :mod:`rnnc.backends.llvm.scan_chunks`)."""
+    fnty = ir.FunctionType(ir.VoidType(), [I64.as_pointer(), I64, I64])
+    fn = ir.Function(module, fnty, "rnnc_barrier")
     fn.linkage = "internal"
     fn.attributes.add("noinline")
     fn.attributes.add("nounwind")
-    state = fn.args[0]
+    state, first, size = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
 
     def word(k: int) -> ir.Value:
-        return b.gep(state, [_c(k)])
+        return b.gep(state, [_c(k) if k in (YIELD, SLEEP) else b.add(first, _c(k))])
 
-    size = b.load_atomic(word(SIZE), "monotonic", 8)
     with b.if_then(b.icmp_signed("<=", size, _c(1))):
         b.ret_void()
     generation = b.load_atomic(word(GENERATION), "acquire", 8)
@@ -125,8 +132,15 @@ def barrier_function(module: ir.Module) -> ir.Function:
 class Team:
     """Splits the nodes of one step body between the team's threads while it is lowered."""
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, scan_limits: tuple[int, int] | None = None) -> None:
         self.ctx = ctx
+        # (bytes, steps): a linear_scan is split over its steps where each thread's columns of
+        # a step make fewer bytes and there are at least that many steps a thread
+        # (runtime.SCAN_THREAD_MIN_BYTES, runtime.SCAN_CHUNK_MIN_STEPS); None: by columns only.
+        self.scan_limits = scan_limits
+        # The workspace of the scans split over their steps, and how many were emitted.
+        self.chunk_space: Buffer | None = None
+        self.chunked_scans = 0
         self.state, self.tid = ctx.function.args[4], ctx.function.args[5]
         size_word = ctx.entry.gep(self.state, [_c(SIZE)])
         self.size = ctx.entry.load(size_word)
@@ -180,17 +194,51 @@ class Team:
         for _ in range(depth):
             self._leave_main()
         self.barrier()
-        width, total = gemm.lanes(ctx), ctx.numel(out.shape[1:])
-        first, stop = self.share(b.sdiv(b.add(total, _c(width - 1)), _c(width)))
-        columns = [b.mul(end, _c(width)) for end in (first, stop)]
-        columns = [b.select(b.icmp_signed("<", end, total), end, total) for end in columns]
-        emit_linear_scan_columns(ctx, node, (out, *operands), work, (columns[0], columns[1]))
+        total = ctx.numel(out.shape[1:])
+        if self.scan_limits is None:
+            self._scan_columns(node, (out, *operands), work, total)
+        else:
+            if self.chunk_space is None:
+                self.chunk_space = ctx.slot((WORKSPACE_BYTES // ctx.itemsize,))
+            self.chunked_scans += 1
+            with b.if_else(self._by_steps(total)) as (by_steps, by_columns):
+                with by_steps:
+                    emit_chunked_scan(ctx, node, (out, *operands), self.chunk_space,
+                                      (self.tid, self.size), self._scan_barrier)
+                with by_columns:
+                    self._scan_columns(node, (out, *operands), work, total)
         self.barrier()
         for _ in range(depth):
             self._enter_main()
 
+    def _scan_columns(self, node: Node, buffers: tuple[Buffer, ...], work: Buffer,
+                      total: ir.Value) -> None:
+        """This thread's block of the ``total`` columns of a ``linear_scan``, whole vectors."""
+        b = self.ctx.builder
+        width = gemm.lanes(self.ctx)
+        first, stop = self.share(b.sdiv(b.add(total, _c(width - 1)), _c(width)))
+        columns = [b.mul(end, _c(width)) for end in (first, stop)]
+        columns = [b.select(b.icmp_signed("<", end, total), end, total) for end in columns]
+        emit_linear_scan_columns(self.ctx, node, buffers, work, (columns[0], columns[1]))
+
+    def _by_steps(self, total: ir.Value) -> ir.Value:
+        """Whether a scan of ``total`` columns is split over its steps: the generated form of
+        :func:`rnnc.backends.llvm.split.scan_form`."""
+        b, ctx = self.ctx.builder, self.ctx
+        least_bytes, least_steps = self.scan_limits
+        size_bytes = b.mul(total, _c(ctx.itemsize))
+        narrow = b.icmp_signed("<", size_bytes, b.mul(self.size, _c(least_bytes)))
+        long = b.icmp_signed(">=", ctx.T, b.mul(self.size, _c(least_steps)))
+        space = b.mul(b.mul(self.size, _c(BUFFERS_PER_THREAD)), size_bytes)
+        return b.and_(narrow, b.and_(long, b.icmp_signed("<=", space, _c(WORKSPACE_BYTES))))
+
+    def _scan_barrier(self) -> None:
+        """The barrier of threads 1 .. N-1 in a scan split over its steps."""
+        b = self.ctx.builder
+        b.call(self.barrier_fn, [self.state, _c(SCAN_COUNT), b.sub(self.size, _c(1))])
+
     def barrier(self) -> None:
-        self.ctx.builder.call(self.barrier_fn, [self.state])
+        self.ctx.builder.call(self.barrier_fn, [self.state, _c(COUNT), self.size])
         self.pending = set()
         self.barriers += 1
 
@@ -310,7 +358,7 @@ class Team:
         with b.if_then(b.icmp_signed("==", self.step, _c(0))):
             with b.if_then(self.is_main()):
                 emit()
-            b.call(self.barrier_fn, [self.state])
+            b.call(self.barrier_fn, [self.state, _c(COUNT), self.size])
 
     def share(self, total: ir.Value) -> tuple[ir.Value, ir.Value]:
         """This thread's contiguous share ``[first, stop)`` of ``total`` items."""
