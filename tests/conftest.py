@@ -53,3 +53,19 @@ def runner_copies(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, int]]:
 
         monkeypatch.setattr(Runner, entry, counted)
     return seen
+
+
+@pytest.fixture
+def team_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The team size of every LLVM thread-team call made while the test runs."""
+    from rnnc.backends.llvm import pool
+
+    calls: list[int] = []
+    original = pool.run_team
+
+    def counting(function, args, size):
+        calls.append(size)
+        return original(function, args, size)
+
+    monkeypatch.setattr(pool, "run_team", counting)
+    return calls

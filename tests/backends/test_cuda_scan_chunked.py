@@ -12,82 +12,32 @@ threshold.
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 
 import rnnc
-from rnnc import backends, ops
+from rnnc import backends
 from rnnc.backends.cuda import codegen, scan
 from rnnc.backends.cuda.ptx import NO_COMPILER, available_compiler, compile_ptx
-from rnnc.ir import Graph, Program, Scan, Type, verify
-from rnnc.names import Role
+from tests.backends import scan_cells
+from tests.backends.test_linear_scan_backends import ATTRS, SHAPES, environment, loop, program
 
-N = 5  # features: B * N columns, never a whole number of blocks of COLUMNS
-SHAPES = {  # A, Bv: every way parallel-scan broadcasts them
-    "sequences": (("T", "B", N), ("T", "B", N)),
-    "vector-decay": ((N,), ("T", "B", N)),
-    "masked": (("T", "B", 1), ("T", "B", N)),
-    "per-step-offset": (("T", "B", N), (N,)),
-    "constant-decay": (0.75, ("T", "B", N)),
-}
-ATTRS = [{"reverse": r, "exclusive": e} for r, e in itertools.product((False, True), repeat=2)]
-# (T, B): fewer steps than chunks, one step, uneven chunks, and more columns than one block.
+# (T, B): fewer steps than chunks, one step, uneven chunks, and more columns than one block
+# (B * N columns, never a whole number of blocks of COLUMNS).
 SIZES = [(1, 3), (7, 3), (scan.CHUNKS + 1, 3), (3 * scan.CHUNKS - 5, 9)]
-
-
-def loop(a: np.ndarray, b: np.ndarray, c0: np.ndarray, steps: int, reverse: bool,
-         exclusive: bool) -> np.ndarray:
-    """The recurrence element by element in float64."""
-    a, b = (np.broadcast_to(np.asarray(v, np.float64), (steps,) + c0.shape) for v in (a, b))
-    out = np.zeros((steps,) + c0.shape)
-    for idx in np.ndindex(c0.shape):
-        c = float(c0[idx])
-        for t in range(steps - 1, -1, -1) if reverse else range(steps):
-            new = a[(t,) + idx] * c + b[(t,) + idx]
-            out[(t,) + idx] = c if exclusive else new
-            c = new
-    return out
-
-
-def program(row: str, dtype: str) -> Program:
-    """pre: ``C{k} = linear_scan[ATTRS[k]](A, Bv, h)`` for every k; an empty loop."""
-    pre = Graph(dtype)
-    args, operands = {}, []
-    for name, shape in zip(("A", "Bv"), SHAPES[row], strict=True):
-        if isinstance(shape, float):
-            operands.append(pre.add(ops.constant, (), {"value": shape}))
-            continue
-        role = Role.INPUT if shape[0] == "T" else Role.PARAM
-        args[name] = (role, Type(dtype, shape))
-        operands.append(pre.arg(name, shape, role))
-    args["h"] = (Role.STATE, Type(dtype, ("B", N)))
-    operands.append(pre.arg("h", ("B", N), Role.STATE))
-    for k, attrs in enumerate(ATTRS):
-        pre.outputs[f"C{k}"] = pre.add(ops.linear_scan, operands, attrs)
-    p = Program(args, pre, Scan(Graph(dtype), (), (), (), (), ()), Graph(dtype),
-                tuple(pre.outputs), dtype)
-    verify(p)
-    return p
-
-
-def environment(row: str, dtype, steps: int, batch: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(len(row) + 100 * steps + batch)
-    env = {}
-    for name, shape in zip(("A", "Bv"), SHAPES[row], strict=True):
-        if not isinstance(shape, float):
-            size = tuple({"T": steps, "B": batch}.get(d, d) for d in shape)
-            draw = rng.uniform(0.5, 1.1, size) if name == "A" else rng.standard_normal(size)
-            env[name] = draw.astype(dtype)
-    env["h"] = rng.standard_normal((batch, N)).astype(dtype)
-    return env
 
 
 def launched(runner) -> set[str]:
     """The names of the kernels the runner's plans launch."""
     return {call.func.name for plan in runner.plans.plans.values() for call in plan.calls
             if hasattr(call.func, "name")}
+
+
+def scan_names(runner) -> set[str]:
+    """Both kernels of every linear_scan launch of the runner: one thread per column and
+    chunked."""
+    return {name for where in runner.host.work.values() for work in where.values()
+            if getattr(work, "chunked", "") for name in (work.kernel, work.chunked)}
 
 
 def chunked_names(runner) -> set[str]:
@@ -115,11 +65,12 @@ def test_chunked_kernel_matches_the_loop(row: str, dtype) -> None:
         a, b = (np.float64(s) if isinstance(s, float) else env[n].astype(np.float64)
                 for n, s in zip(("A", "Bv"), SHAPES[row], strict=True))
         for k, attrs in enumerate(ATTRS):
-            want = loop(a, b, env["h"].astype(np.float64), steps, **attrs)
+            want = loop(a, b, env["h"].astype(np.float64), steps=steps, **attrs)
             np.testing.assert_allclose(got[f"C{k}"], want, rtol=tol, atol=tol,
                                        err_msg=f"{attrs} T={steps} B={batch}")
+    # Every scan took the chunked kernel (the rest are the last_step copies).
     names = chunked_names(runner)
-    assert len(names) == len(ATTRS) and launched(runner) == names
+    assert len(names) == len(ATTRS) and launched(runner) & scan_names(runner) == names
 
 
 def test_the_host_chooses_by_steps_and_columns() -> None:
@@ -128,7 +79,8 @@ def test_the_host_chooses_by_steps_and_columns() -> None:
         runner(environment("sequences", np.float64, steps, 2), {"T": steps, "B": 2})
     plans = list(runner.plans.plans.values())
     few, many = ({call.func.name for call in plan.calls} for plan in plans)
-    assert not few & chunked_names(runner) and many == chunked_names(runner)
+    assert few & scan_names(runner) and not few & chunked_names(runner)
+    assert many & scan_names(runner) == chunked_names(runner)
     assert scan.chunked_geometry(scan.CHUNKED_MIN_STEPS, 70) == (
         3, scan.COLUMNS * scan.CHUNKS)
     assert scan.chunked_geometry(scan.CHUNKED_MIN_STEPS - 1, 70) is None
@@ -149,23 +101,7 @@ CELLS = {
 
 def everything(fn: rnnc.Function, cell: rnnc.Cell, lengths) -> dict[str, np.ndarray]:
     """Inference, the training forward's outputs and every gradient, at B = 1 in float64."""
-    rng = np.random.default_rng(0)
-    params = {k: v + 0.1 * rng.standard_normal(v.shape)
-              for k, v in cell.init_params(seed=0, dtype=np.float64).items()}
-    (name, size), = cell.sizes("input").items()
-    x = rng.standard_normal((STEPS, 1, size[-1]))
-    states = {k: 0.5 * rng.standard_normal((1, s[-1])) for k, s in cell.sizes("state").items()}
-    ys, finals = fn(x, params, states=states, lengths=lengths)
-    ys2, finals2, tape = fn.forward(x, params, states=states, lengths=lengths)
-    d_y = {k: rng.standard_normal(v.shape) for k, v in ys.items()}
-    d_s = {k: rng.standard_normal(v.shape) for k, v in finals.items()}
-    g = fn.backward(tape, d_outputs=d_y, d_states=d_s)
-    out = {}
-    for prefix, value in (("y", ys), ("final", finals), ("train.y", ys2), ("train.final", finals2),
-                          ("grad.x", {name: g.x}), ("grad.param", g.params),
-                          ("grad.state", g.states)):
-        out.update({f"{prefix}.{k}": np.asarray(v) for k, v in value.items()})
-    return out
+    return scan_cells.everything(fn, cell, STEPS, 1, lengths)
 
 
 @pytest.mark.parametrize("lengths,reverse", [(None, False), (np.array([STEPS - 40]), False),
@@ -198,7 +134,7 @@ def test_cells_through_the_chunked_kernel(name: str, lengths, reverse: bool) -> 
 def test_chunked_kernels_compile_to_ptx(arch: str, dtype: str) -> None:
     modules = [codegen.render(program(row, dtype), prefix=f"k{j}_")
                for j, row in enumerate(sorted(SHAPES))]
-    names = [launch.chunked for m in modules for launch in m.steps["pre"]]
+    names = [launch.chunked for m in modules for launch in m.steps["pre"] if launch.chunked]
     assert len(set(names)) == len(modules) * len(ATTRS)
     assert all(name in m.barriers for m in modules for name in m.kernels if name in names)
     ptx = compile_ptx(modules[0].prelude + "".join(m.kernel_text for m in modules), arch)

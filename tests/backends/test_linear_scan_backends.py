@@ -78,15 +78,15 @@ def program(row: str, dtype: str) -> Program:
     return p
 
 
-def environment(row: str, dtype, steps: int = T) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(len(row) + steps)
+def environment(row: str, dtype, steps: int = T, batch: int = B) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng([len(row) + steps, batch])
     env = {}
     for name, shape in zip(("A", "Bv"), SHAPES[row], strict=True):
         if not isinstance(shape, float):
-            size = tuple({"T": steps, "B": B}.get(d, d) for d in shape)
+            size = tuple({"T": steps, "B": batch}.get(d, d) for d in shape)
             draw = rng.uniform(0.5, 1.1, size) if name == "A" else rng.standard_normal(size)
             env[name] = draw.astype(dtype)
-    env["h"] = rng.standard_normal((B, N)).astype(dtype)
+    env["h"] = rng.standard_normal((batch, N)).astype(dtype)
     return env
 
 

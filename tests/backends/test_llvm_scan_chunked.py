@@ -24,8 +24,10 @@ pytest.importorskip("llvmlite")
 
 import rnnc  # noqa: E402
 from rnnc import ops  # noqa: E402
-from rnnc.backends.llvm import codegen, pool, runtime, scan_chunks, split  # noqa: E402
+from rnnc.backends.llvm import codegen, runtime, scan_chunks, split  # noqa: E402
 from rnnc.backends.schedule import schedule_program  # noqa: E402
+from tests.backends import scan_cells  # noqa: E402
+from tests.backends import test_llvm_scan_team as scan_team  # noqa: E402
 from tests.backends.test_linear_scan_backends import (  # noqa: E402
     ATTRS,
     SHAPES,
@@ -34,7 +36,7 @@ from tests.backends.test_linear_scan_backends import (  # noqa: E402
     program,
 )
 
-I, H = 3, 20  # B = 1: 20 columns, 160 bytes a step in float64
+I, H = scan_team.I, scan_team.H  # B = 1: 20 columns, 160 bytes a step in float64
 CELLS = ("min_gru", "min_lstm", "sru", "diag_linear")
 STEPS = (1, 2, 7, 40)
 THREADS = (1, 2, 3)
@@ -50,51 +52,15 @@ def _scans_over_steps(monkeypatch) -> None:
     monkeypatch.setattr(runtime, "SCAN_CHUNK_MIN_WORK", 0)
 
 
-@pytest.fixture
-def team_calls(monkeypatch) -> list[int]:
-    """The team size of every team call made while the test runs."""
-    calls: list[int] = []
-    original = pool.run_team
-
-    def counting(function, args, size):
-        calls.append(size)
-        return original(function, args, size)
-
-    monkeypatch.setattr(pool, "run_team", counting)
-    return calls
-
-
 def function(name: str, reverse: bool, threads: int | None) -> rnnc.Function:
     """The cell compiled as the oracle (threads None) or by LLVM with parallel-scan."""
-    key = (name, reverse, threads)
-    if key not in _compiled:
-        cell = rnnc.cells.PUBLISHED[name](I, H)
-        _compiled[key] = rnnc.compile(cell, optimize=False, reverse=reverse) \
-            if threads is None else rnnc.compile(cell, backend="llvm", parallel_scan=True,
-                                                 reverse=reverse, threads=threads, team=True,
-                                                 cache_dir=False)
-    return _compiled[key]
+    return scan_team.function(name, reverse, threads, _compiled)
 
 
 def everything(fn: rnnc.Function, name: str, steps: int, lengths) -> dict[str, np.ndarray]:
     """Inference, the training forward's outputs and every gradient at B = 1, by name."""
-    cell = rnnc.cells.PUBLISHED[name](I, H)
-    rng = np.random.default_rng(steps)
-    params = {k: v + 0.1 * rng.standard_normal(v.shape)
-              for k, v in cell.init_params(seed=0, dtype=np.float64).items()}
-    x = rng.standard_normal((steps, 1, I))
-    states = {k: 0.5 * rng.standard_normal((1, s[-1])) for k, s in cell.sizes("state").items()}
-    ys, finals = fn(x, params, states=states, lengths=lengths)
-    train_ys, train_finals, tape = fn.forward(x, params, states=states, lengths=lengths)
-    d_y = {k: rng.standard_normal(v.shape) for k, v in ys.items()}
-    d_s = {k: rng.standard_normal(v.shape) for k, v in finals.items()}
-    g = fn.backward(tape, d_outputs=d_y, d_states=d_s)
-    out = {"grad.x": np.asarray(g.x)}
-    for prefix, values in (("y", ys), ("final", finals), ("train.y", train_ys),
-                           ("train.final", train_finals), ("grad.param", g.params),
-                           ("grad.state", g.states)):
-        out.update({f"{prefix}.{k}": np.asarray(v) for k, v in values.items()})
-    return out
+    return scan_cells.everything(fn, rnnc.cells.PUBLISHED[name](I, H), steps, 1, lengths,
+                                 seed=steps)
 
 
 @pytest.mark.parametrize("lengths", [False, True], ids=["full", "lengths"])

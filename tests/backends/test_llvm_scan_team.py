@@ -18,7 +18,8 @@ import pytest
 pytest.importorskip("llvmlite")
 
 import rnnc  # noqa: E402
-from rnnc.backends.llvm import pool, runtime, split  # noqa: E402
+from rnnc.backends.llvm import runtime, split  # noqa: E402
+from tests.backends import scan_cells  # noqa: E402
 from tests.backends.test_linear_scan_backends import (  # noqa: E402
     ATTRS,
     SHAPES,
@@ -40,51 +41,24 @@ def _scans_on_the_team(monkeypatch) -> None:
     monkeypatch.setattr(runtime, "SCAN_THREAD_MIN_BYTES", 0)
 
 
-@pytest.fixture
-def team_calls(monkeypatch) -> list[int]:
-    """The team size of every team call made while the test runs."""
-    calls: list[int] = []
-    original = pool.run_team
-
-    def counting(function, args, size):
-        calls.append(size)
-        return original(function, args, size)
-
-    monkeypatch.setattr(pool, "run_team", counting)
-    return calls
-
-
-def function(name: str, reverse: bool, threads: int | None) -> rnnc.Function:
-    """The cell compiled as the oracle (threads None) or by LLVM with parallel-scan."""
+def function(name: str, reverse: bool, threads: int | None,
+             compiled: dict[tuple, rnnc.Function] = _compiled) -> rnnc.Function:
+    """The cell compiled as the oracle (threads None) or by LLVM with parallel-scan, once per
+    ``compiled`` (a module whose thresholds differ keeps its own: the team build's code
+    depends on them)."""
     key = (name, reverse, threads)
-    if key not in _compiled:
+    if key not in compiled:
         cell = rnnc.cells.PUBLISHED[name](I, H)
-        _compiled[key] = rnnc.compile(cell, optimize=False, reverse=reverse) \
+        compiled[key] = rnnc.compile(cell, optimize=False, reverse=reverse) \
             if threads is None else rnnc.compile(cell, backend="llvm", parallel_scan=True,
                                                  reverse=reverse, threads=threads, team=True,
                                                  cache_dir=False)
-    return _compiled[key]
+    return compiled[key]
 
 
 def everything(fn: rnnc.Function, name: str, lengths) -> dict[str, np.ndarray]:
     """Inference, the training forward's outputs and every gradient, by name."""
-    cell = rnnc.cells.PUBLISHED[name](I, H)
-    rng = np.random.default_rng(0)
-    params = {k: v + 0.1 * rng.standard_normal(v.shape)
-              for k, v in cell.init_params(seed=0, dtype=np.float64).items()}
-    x = rng.standard_normal((T, B, I))
-    states = {k: 0.5 * rng.standard_normal((B, s[-1])) for k, s in cell.sizes("state").items()}
-    ys, finals = fn(x, params, states=states, lengths=lengths)
-    train_ys, train_finals, tape = fn.forward(x, params, states=states, lengths=lengths)
-    d_y = {k: rng.standard_normal(v.shape) for k, v in ys.items()}
-    d_s = {k: rng.standard_normal(v.shape) for k, v in finals.items()}
-    g = fn.backward(tape, d_outputs=d_y, d_states=d_s)
-    out = {"grad.x": np.asarray(g.x)}
-    for prefix, values in (("y", ys), ("final", finals), ("train.y", train_ys),
-                           ("train.final", train_finals), ("grad.param", g.params),
-                           ("grad.state", g.states)):
-        out.update({f"{prefix}.{k}": np.asarray(v) for k, v in values.items()})
-    return out
+    return scan_cells.everything(fn, rnnc.cells.PUBLISHED[name](I, H), T, B, lengths)
 
 
 @pytest.mark.parametrize("lengths", [None, LENGTHS], ids=["full", "lengths"])
