@@ -186,7 +186,7 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def _cse_key(node: Node) -> tuple | None:
+def cse_key(node: Node) -> tuple | None:
     """Equal keys compute equal values (attributes compared exactly: repr of a float
     round-trips)."""
     if node.op in (ARG, FUSED):
@@ -232,11 +232,11 @@ class _Rewriter:
 
     def rewrite(self, node: Node) -> int | None:
         g = self.g
-        key = _cse_key(node)
+        key = cse_key(node)
         if key is not None:
             other = self.seen.get(key)
             if other is not None and other != node.id and other in g.nx \
-                    and _cse_key(g.node(other)) == key:
+                    and cse_key(g.node(other)) == key:
                 return other
             self.seen[key] = node.id
         for rule in RULES:

@@ -9,8 +9,10 @@ as a sequence, ``c_{t-1}`` from an exclusive scan and ``c_t`` from an inclusive 
 ones it reads; with ``c_{t-1}``, ``c_t`` is ``A * c_{t-1} + Bv`` elementwise), the final value
 is the scan's last step, and hoist-sequence moves what no carry needs any longer out of the
 loop. A carry whose coefficients read another carry that became a scan is found in the next
-round. Once every carry is linear no loop work is left: the scan is empty, and a stacked output
-that only copies a sequence is that sequence itself.
+round. Once every carry is linear no loop work is left: the scan is empty, a stacked output
+that only copies a sequence is that sequence itself, and ``post``'s nodes join ``pre`` (a node
+``pre`` already has is not made twice), so that fuse-elementwise puts a training forward's saved
+values in the same pass over the hoisted products as the scan's coefficients.
 
 Example (``tests/passes/test_pass_examples.py`` checks the listings)::
 
@@ -82,7 +84,15 @@ from rnnc.ir import ARG, FUSED, GET, Carry, Graph, Program, Scan
 from rnnc.names import fresh, hoisted
 from rnnc.passes import register
 from rnnc.passes._affine import Apply, Const, Expr, Leaf, leaves, linear_coefficients
-from rnnc.passes._rewrite import copy_node, env_names, is_row_contraction, per_step, remove_dead
+from rnnc.passes._rewrite import (
+    arg_of,
+    copy_node,
+    env_names,
+    is_row_contraction,
+    per_step,
+    remove_dead,
+)
+from rnnc.passes.canonicalize import cse_key
 from rnnc.passes.hoist_sequence import hoist_sequence
 
 ORIGIN = "parallel-scan"
@@ -298,6 +308,39 @@ def _without_empty_loop(p: Program) -> Program:
     return replace(p, scan=Scan(Graph(p.dtype), (), (), (), (), (), s.reverse))
 
 
+def _post_into_pre(p: Program) -> Program:
+    """With no loop left, ``post`` runs right after ``pre``: its nodes join ``pre``, where
+    fuse-elementwise can put them in the same regions as the nodes that read the same
+    sequences (a training forward's saved values are computed from the hoisted products in
+    ``post``: one pass over them instead of two)."""
+    s = p.scan
+    if s.carries or s.stacked or s.summed or s.seqs or s.consts or len(s.body) \
+            or not len(p.post):
+        return p
+    if any(node.op in (FUSED, GET) for node in p.post.nodes()):
+        return p
+    pre, env = p.pre.copy(), p.env_types("pre")
+    # A node pre already has (the same op of the same operands) is not made twice.
+    known = {key: nid for nid in pre.topo() if (key := cse_key(pre.node(nid))) is not None}
+    moved: dict[int, int] = {}
+    for nid in p.post.topo():
+        node = p.post.node(nid)
+        if node.op is ARG:
+            name = node.attrs["name"]
+            moved[nid] = pre.outputs[name] if name in pre.outputs else \
+                arg_of(pre, name, env[name].shape, p.args[name][0], ORIGIN)
+            continue
+        new = copy_node(pre, p.post, nid, [moved[i] for i in node.inputs], node.origin)
+        key = cse_key(pre.node(new))
+        if key in known:
+            pre.remove(new)
+            new = known[key]
+        moved[nid] = known.setdefault(key, new)
+    for name, nid in p.post.outputs.items():
+        pre.outputs[name] = moved[nid]
+    return replace(p, pre=pre, post=Graph(p.dtype))
+
+
 def _unread_outputs(p: Program) -> Program:
     """Drop what ``pre`` and ``post`` yield that no later stage reads and is no result."""
     s = p.scan
@@ -324,4 +367,4 @@ def parallel_scan(program: Program) -> Program:
     if p is program:
         return program
     p = _stacked_sequences(hoist_sequence(p))
-    return _unread_outputs(_without_empty_loop(p))
+    return _unread_outputs(_post_into_pre(_without_empty_loop(p)))

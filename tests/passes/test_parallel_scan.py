@@ -107,6 +107,21 @@ def test_no_loop_work_is_left(name: str) -> None:
             scan = fn.program(mode, "f64", lengths).scan
             assert not (scan.carries or scan.seqs or scan.stacked or scan.summed), (name, mode)
             assert len(scan.body) == 0
+            # With no loop between them, post's nodes join pre.
+            assert len(fn.program(mode, "f64", lengths).post) == 0, (name, mode)
+
+
+def test_saved_values_share_a_pass_with_the_scan_coefficients() -> None:
+    """minGRU's training forward computes the coefficients of its scan and the values it
+    saves from the same hoisted product: one elementwise region reads it (before the merge
+    of post into pre, a second region in post read it again and recomputed the gate)."""
+    fn = rnnc.compile(CELLS["min_gru"]())
+    pre = fn.program("forward", "f64").pre
+    (product,) = [n.id for n in pre.nodes() if n.op is ops.matmul]
+    readers = [pre.node(u).op.name for u in pre.users(product)]
+    assert readers == ["fused"], readers
+    region = pre.node(pre.users(product)[0]).attrs["region"]
+    assert [n.op.name for n in region.nodes()].count("sigmoid") == 1
 
 
 def test_the_pass_is_in_every_pipeline_after_hoisting() -> None:
