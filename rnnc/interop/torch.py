@@ -14,8 +14,9 @@ reads them in place and returns CUDA tensors through DLPack, forward and backwar
 the per-gate split of the fused torch weights copies (on the tensors' device).
 
 A custom cell factory works too: its parameters are registered as ``{name}_l{k}`` (and
-``{name}_l{k}_reverse``) with rnnc's shapes, and ``hx`` and the returned states are dicts
-by state name. A cell with extra inputs (every input after the first, see ``rnnc.RNN``)
+``{name}_l{k}_reverse``) with rnnc's shapes and start from the cell's own initializers
+(``c.param(..., init=...)``) seeded from torch's generator, and ``hx`` and the returned states
+are dicts by state name. A cell with extra inputs (every input after the first, see ``rnnc.RNN``)
 takes them as ``module(x, hx, extra={"u": u})``, tensors laid out like the (padded) input,
 and they get gradients through autograd like ``x``, under ``torch.compile`` too.
 """
@@ -41,6 +42,7 @@ from rnnc.layers import RNN as Layer
 from rnnc.layers import CellFactory, Grid, check_dropout, check_picklable
 
 _TORCH_BASE_NAMES = ("weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr")
+_DTYPES = (torch.float32, torch.float64)  # what rnnc computes in (no bfloat16/float16 yet)
 
 
 def _base_name(name: str) -> str:
@@ -199,11 +201,26 @@ class RNN(nn.Module):
         return f"{name}_l{k}" + ("_reverse" if reverse else "")
 
     def reset_parameters(self) -> None:
-        """PyTorch's init: every parameter uniform in ±1/sqrt(hidden_size), from torch's RNG."""
-        bound = 1.0 / math.sqrt(self.hidden_size)
+        """Initialize the parameters from torch's random generator (``torch.manual_seed``).
+
+        The standard modes take PyTorch's init, every parameter uniform in
+        ±1/sqrt(hidden_size), as ``torch.nn.LSTM`` does. A custom cell keeps its own
+        initializers (``c.param(..., init=...)``, as ``rnnc.RNN`` and ``Cell.init_params`` do),
+        run from a seed drawn from torch's generator.
+        """
         with torch.no_grad():
-            for p in self._flat_parameters():
-                p.uniform_(-bound, bound)
+            if isinstance(self.mode, str):
+                bound = 1.0 / math.sqrt(self.hidden_size)
+                for p in self._flat_parameters():
+                    p.uniform_(-bound, bound)
+                return
+            seed = int(torch.randint(0, 2**62, (1,)).item())
+            grid = self.layer.init_params(seed, dtype=np.float64)
+            for row, names_row in zip(grid, self._param_names, strict=True):
+                for arrays, names in zip(row, names_row, strict=True):
+                    for name in names:
+                        p = getattr(self, name)
+                        p.copy_(torch.from_numpy(arrays[_base_name(name)]))
 
     def flatten_parameters(self) -> None:
         """Do nothing: kept so code written for ``torch.nn.LSTM`` runs unchanged."""
@@ -245,6 +262,10 @@ class RNN(nn.Module):
         if hx is None:
             return [None] * len(self.state_names)
         if isinstance(hx, dict):
+            unknown = [n for n in hx if n not in self.state_names]
+            if unknown:
+                raise RnncValueError(f"hx has unknown state {unknown[0]!r}; the cell's states "
+                                     f"are {list(self.state_names)}")
             return [hx.get(n) for n in self.state_names]
         if isinstance(hx, torch.Tensor):
             hx = (hx,)
@@ -259,6 +280,15 @@ class RNN(nn.Module):
         if x.dim() not in (2, 3):
             raise RnncValueError(f"{name}: Expected input to be 2D or 3D, got {x.dim()}D instead")
         dtype = self._flat_parameters()[0].dtype
+        if dtype not in _DTYPES:
+            raise RnncTypeError(f"{name}: the module's parameters are {dtype}, but rnnc.torch.RNN "
+                                f"computes in torch.float32 or torch.float64: convert the module "
+                                f"with module.float() (or module.double()) and its input with "
+                                f"input.float()")
+        if x.dtype not in _DTYPES:
+            raise RnncTypeError(f"{name}: the input is {x.dtype}, but rnnc.torch.RNN computes in "
+                                f"torch.float32 or torch.float64: pass input.to({dtype}), the "
+                                f"dtype of the module's parameters")
         if x.dtype != dtype:
             raise RnncValueError(f"input dtype ({x.dtype}) does not match weight dtype ({dtype})")
         if x.shape[-1] != self.input_size:
@@ -293,9 +323,10 @@ class RNN(nn.Module):
             return dict(zip(self.state_names, final, strict=True))
         return final[0] if len(final) == 1 else tuple(final)
 
-    def _extras_in(self, extra: Any, unbatched: bool) -> list[torch.Tensor]:
-        """The extra inputs' tensors in the cell's order, as batched as ``x`` is; their
-        shapes and dtypes are checked by ``rnnc.RNN`` before anything runs."""
+    def _extras_in(self, extra: Any, unbatched: bool, dtype: torch.dtype) -> list[torch.Tensor]:
+        """The extra inputs' tensors in the cell's order, as batched as ``x`` is (of dtype
+        ``dtype``); their shapes and dtypes are checked by ``rnnc.RNN`` before anything runs,
+        all but a dtype NumPy lacks (bfloat16), checked here."""
         extra = {} if extra is None else extra
         if not isinstance(extra, dict):
             raise RnncTypeError(f"extra must be a dict by input name ({list(self.extra_names)}),"
@@ -313,6 +344,10 @@ class RNN(nn.Module):
             if not isinstance(e, torch.Tensor):
                 raise RnncTypeError(f"extra input {name!r} must be a tensor, got "
                                     f"{type(e).__name__}")
+            if e.dtype not in _DTYPES:  # checked here: a bfloat16 tensor has no NumPy view
+                raise RnncTypeError(f"extra input {name!r} is {e.dtype}, but rnnc.torch.RNN "
+                                    f"computes in torch.float32 or torch.float64: pass it as "
+                                    f".to({dtype}), the input's dtype")
             out.append(e.unsqueeze(0 if self.batch_first else 1) if unbatched else e)
         return out
 
@@ -341,7 +376,7 @@ class RNN(nn.Module):
         self._check_states(states, x.shape[0 if self.batch_first else 1], x.dtype, unbatched)
         if unbatched:
             states = [None if s is None else s.unsqueeze(1) for s in states]
-        extras = self._extras_in(extra, unbatched)
+        extras = self._extras_in(extra, unbatched, x.dtype)
         if torch.compiler.is_compiling():  # one opaque op in the compiled graph
             y, *final = torch_ops.apply(self, x, states, lengths, extras)
         else:

@@ -174,11 +174,13 @@ class RNN:
         (direction 1 scans backwards in time; shared by layers of equal input widths)."""
         return self._function(self.layer_input_size(layer), direction == 1)
 
-    def init_params(self, seed: int = 0) -> Grid:
-        """Return fresh parameters ``[layer][direction]`` (PyTorch's init), from ``seed``."""
+    def init_params(self, seed: int = 0, dtype: Any = None) -> Grid:
+        """Return fresh parameters ``[layer][direction]`` (the cell's initializers; PyTorch's
+        init where the cell names none), from ``seed``, in ``dtype`` (None: the layer's)."""
         seeds = np.random.SeedSequence(seed).generate_state(self.num_layers * self.num_directions)
+        dtype = self.dtype if dtype is None else dtype
         return [[self._cell(self.layer_input_size(k)).init_params(
-                    int(seeds[k * self.num_directions + d]), self.dtype)
+                    int(seeds[k * self.num_directions + d]), dtype)
                  for d in range(self.num_directions)] for k in range(self.num_layers)]
 
     def reseed(self, seed: int | None) -> None:
