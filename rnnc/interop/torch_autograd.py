@@ -1,12 +1,13 @@
 """The ``torch.autograd.Function``s behind ``rnnc.torch.RNN``.
 
 ``apply`` runs the module's layers as one ``autograd.Function`` over ``rnnc.RNN.forward`` and
-``backward``; its backward is a second ``autograd.Function`` whose own backward is
-``rnnc.RNN.double_backward``. Both have ``vmap`` rules, so ``torch.func.vmap`` and
-``gradcheck``'s batched checks work through them. Tensors cross into rnnc through the bridge
-of ``rnnc.interop.torch_device``: NumPy views of CPU tensors, or, for CUDA tensors with the
-CUDA backend on a GPU, device arrays read in place, forward and backward alike (double
-backward runs on the host and refuses a device call's tape).
+``backward``; its backward is a second ``autograd.Function`` whose own backward is a third,
+``rnnc.RNN.double_backward``, whose backward refuses a third derivative. All have ``vmap``
+rules, so ``torch.func.vmap`` and ``gradcheck``'s and ``gradgradcheck``'s batched checks work
+through them. Tensors cross into rnnc through the bridge of ``rnnc.interop.torch_device``:
+NumPy views of CPU tensors, or, for CUDA tensors with the CUDA backend on a GPU, device arrays
+read in place, forward and backward alike (double backward runs on the host and refuses a
+device call's tape).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from rnnc.errors import RnncRuntimeError
 from rnnc.interop import torch_device
 from rnnc.interop.torch_device import from_numpy, to_numpy
 
@@ -174,8 +176,7 @@ class _Backward(torch.autograd.Function):
     A function of its own so that a vmap over gradients (``gradcheck``'s batched checks)
     has a rule: a loop over the cotangents, reusing the tape. It also takes the forward's
     ``x``, states and weights (``primals``; the tape already holds their values) so that its
-    own derivative, double backward, reaches them: ``rnnc.RNN.double_backward``, which
-    differentiates rnnc's backward programs. A third derivative raises.
+    own derivative, double backward (:class:`_DoubleBackward`), reaches them.
     """
 
     @staticmethod
@@ -198,29 +199,22 @@ class _Backward(torch.autograd.Function):
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         module, tape, given, d_y, *rest = inputs
         ctx.module, ctx.tape, ctx.given = module, tape, given
-        ctx.save_for_backward(d_y, *rest[:len(module.state_names)])
+        # The primals too: double backward's results depend on them, so its graph (and its
+        # refusal of a third derivative) must reach them.
+        ctx.save_for_backward(d_y, *rest)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, u_x: torch.Tensor, *u_rest: torch.Tensor
-                 ) -> tuple[torch.Tensor | None, ...]:
-        module, names = ctx.module, ctx.module.state_names
-        d_y, *d_final = ctx.saved_tensors
-        u = list(u_rest)
-        u_states = {n: to_numpy(u.pop(0)) if given else np.zeros_like(to_numpy(d))
-                    for n, given, d in zip(names, ctx.given, d_final, strict=True)}
-        u_extra = {n: to_numpy(u.pop(0)) for n in module.extra_names}
-        c_dy, c_d_states, c = module.layer.double_backward(
-            ctx.tape, to_numpy(d_y), {n: to_numpy(d) for n, d in zip(names, d_final,
-                                                                      strict=True)},
-            to_numpy(u_x), module._rnnc_params(tuple(u)), u_states, u_extra)
-        c_states = [from_numpy(c.states[n], d_y) if given else None
-                    for n, given in zip(names, ctx.given, strict=True)]
-        return (None, None, None, from_numpy(c_dy, d_y),
-                *(from_numpy(c_d_states[n], d_y) for n in names),
-                from_numpy(c.x, d_y), *c_states,
-                *(from_numpy(c.extra[n], d_y) for n in module.extra_names),
-                *(from_numpy(a, d_y) for a in module._torch_grads(c.params)))
+    def backward(ctx: Any, *cotangents: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        saved, n_states = ctx.saved_tensors, len(ctx.module.state_names)
+
+        def run(*u: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return _DoubleBackward.apply(ctx.module, ctx.tape, ctx.given, len(u), *u, *saved)
+
+        grads = list(_legacy_vmap_loop(run, cotangents))
+        c_dy, c_d_final, c_x = grads[0], grads[1:1 + n_states], grads[1 + n_states]
+        rest = grads[2 + n_states:]
+        c_states = [rest.pop(0) if given else None for given in ctx.given]
+        return (None, None, None, c_dy, *c_d_final, c_x, *c_states, *rest)
 
     @staticmethod
     def vmap(info: Any, in_dims: tuple[int | None, ...], module: RNN, tape: Any,
@@ -228,3 +222,52 @@ class _Backward(torch.autograd.Function):
              ) -> tuple[tuple[torch.Tensor, ...], tuple[int, ...]]:
         return _loop_vmap(info.batch_size, in_dims[3:], lambda *a: _Backward.apply(
             module, tape, given, *a), (d_y, *rest))
+
+
+class _DoubleBackward(torch.autograd.Function):
+    """Double backward: the cotangents ``u`` of :class:`_Backward`'s results, then its inputs
+    ``(d_y, *d_final, x, *states, *extras, *params)`` -> the cotangents of
+    ``(d_y, *d_final, x, *given_states, *extras, *params)``, by
+    ``rnnc.RNN.double_backward``, which differentiates rnnc's backward programs.
+
+    Its own derivative, a third derivative, is not implemented: it raises. Its results depend
+    on all its inputs, so any third derivative through the module reaches that refusal,
+    instead of dropping the terms through it.
+    """
+
+    @staticmethod
+    def forward(module: RNN, tape: Any, given: tuple[bool, ...], n_u: int,
+                *tensors: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        names = module.state_names
+        u, (d_y, *rest) = list(tensors[:n_u]), tensors[n_u:]
+        d_final = rest[:len(names)]
+        u_x = to_numpy(u.pop(0))
+        u_states = {n: to_numpy(u.pop(0)) if k else np.zeros_like(to_numpy(d))
+                    for n, k, d in zip(names, given, d_final, strict=True)}
+        u_extra = {n: to_numpy(u.pop(0)) for n in module.extra_names}
+        c_dy, c_d_states, c = module.layer.double_backward(
+            tape, to_numpy(d_y), {n: to_numpy(d) for n, d in zip(names, d_final, strict=True)},
+            u_x, module._rnnc_params(tuple(u)), u_states, u_extra)
+        return (from_numpy(c_dy, d_y), *(from_numpy(c_d_states[n], d_y) for n in names),
+                from_numpy(c.x, d_y),
+                *(from_numpy(c.states[n], d_y) for n, k in zip(names, given, strict=True) if k),
+                *(from_numpy(c.extra[n], d_y) for n in module.extra_names),
+                *(from_numpy(a, d_y) for a in module._torch_grads(c.params)))
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        pass
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        raise RnncRuntimeError(
+            "rnnc.torch.RNN is differentiable twice, not three times: this asks for a third "
+            "derivative (the derivative of a second derivative taken with create_graph=True), "
+            "which rnnc does not implement. Take at most second derivatives through the module")
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple[int | None, ...], module: RNN, tape: Any,
+             given: tuple[bool, ...], n_u: int, *tensors: torch.Tensor | None
+             ) -> tuple[tuple[torch.Tensor, ...], tuple[int, ...]]:
+        return _loop_vmap(info.batch_size, in_dims[4:], lambda *a: _DoubleBackward.apply(
+            module, tape, given, n_u, *a), tensors)

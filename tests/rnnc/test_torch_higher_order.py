@@ -19,6 +19,7 @@ import rnnc
 import rnnc.torch as rt
 from rnnc import cells
 from rnnc.cells import mgu
+from rnnc.errors import RnncError
 
 F64 = torch.float64
 KINDS = ("LSTM", "GRU", "RNN")
@@ -48,9 +49,9 @@ def functional(m: nn.Module, n_states: int, custom: bool = False):
 
 def inputs_for(m: nn.Module, n_states: int, T: int = 2, B: int = 2) -> list[torch.Tensor]:
     LD = m.num_layers * (2 if m.bidirectional else 1)
-    H = m.hidden_size
+    sizes = [m.proj_size or m.hidden_size, m.hidden_size]  # h, then an LSTM's c
     ts = [torch.randn(T, B, m.input_size, dtype=F64)]
-    ts += [torch.randn(LD, B, H, dtype=F64) for _ in range(n_states)]
+    ts += [torch.randn(LD, B, size, dtype=F64) for size in sizes[:n_states]]
     ts += [p.detach() for p in m.parameters()]
     return [t.clone().requires_grad_() for t in ts]
 
@@ -112,14 +113,50 @@ def test_double_backward_matches_torch_with_packed_sequences_and_projections():
         torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-11)
 
 
-def test_third_derivative_is_refused():
+@pytest.mark.parametrize("impl", ["torch", "rnnc"])
+@pytest.mark.parametrize("kind, proj_size", [("RNN", 0), ("GRU", 0), ("LSTM", 0), ("LSTM", 1)],
+                         ids=["rnn", "gru", "lstm", "lstm-projections"])
+def test_gradgradcheck_with_batched_gradients(impl, kind, proj_size):
+    # as PyTorch's own module tests call it: the batched check vmaps over double backward
     torch.manual_seed(0)
-    m = make("rnnc", "GRU", 2, 3, dtype=F64)
-    x = torch.randn(4, 2, 2, dtype=F64, requires_grad=True)
-    (gx,) = torch.autograd.grad(m(x)[0].pow(2).sum(), x, create_graph=True)
-    (gxx,) = torch.autograd.grad(gx.pow(2).sum(), x, create_graph=True)
-    with pytest.raises(RuntimeError, match="once_differentiable"):
-        gxx.sum().backward()
+    kwargs = {"proj_size": proj_size} if proj_size else {}
+    m = make(impl, kind, 2, 2, dtype=F64, **kwargs)
+    n_states = 2 if kind == "LSTM" else 1
+    assert torch.autograd.gradgradcheck(functional(m, n_states), inputs_for(m, n_states, B=1),
+                                        check_batched_grad=True, fast_mode=True)
+
+
+def second_derivative(m: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x, gg)``: ``gg`` the gradient of ``|d loss / dx|^2`` with respect to a fresh ``x``,
+    kept differentiable (``create_graph=True``) for a third derivative."""
+    x = x.clone().requires_grad_()
+    (g,) = torch.autograd.grad(m(x)[0].pow(2).sum(), x, create_graph=True)
+    (gg,) = torch.autograd.grad(g.pow(2).sum(), x, create_graph=True)
+    return x, gg
+
+
+def test_third_derivative_raises_rnncs_error():
+    torch.manual_seed(0)
+    ref = nn.GRU(2, 3, dtype=F64)
+    ours = make("rnnc", "GRU", 2, 3, dtype=F64)
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(4, 2, 2, dtype=F64)
+    (x_ref, gg_ref), (x_ours, gg_ours) = second_derivative(ref, x), second_derivative(ours, x)
+    # the second derivative itself, kept differentiable, is right
+    torch.testing.assert_close(gg_ours, gg_ref, rtol=1e-9, atol=1e-11)
+    # a third derivative with a term that avoids double backward (sum(x * x)): torch's
+    # answer exists, and rnnc refuses rather than dropping the terms through double backward
+    third = torch.autograd.grad(gg_ref.pow(2).sum() + (x_ref * x_ref).sum(), x_ref)[0]
+    assert third.abs().max() > 0
+    with pytest.raises(RnncError, match="third derivative"):
+        torch.autograd.grad(gg_ours.pow(2).sum() + (x_ours * x_ours).sum(), x_ours)
+    # every path of this one runs through double backward
+    x_ours, gg_ours = second_derivative(ours, x)
+    with pytest.raises(RnncError, match="differentiable twice"):
+        torch.autograd.grad(gg_ours.pow(2).sum(), x_ours)
+    _, gg_ours = second_derivative(ours, x)
+    with pytest.raises(RnncError, match="third derivative"):  # to the weights, by backward
+        gg_ours.sum().backward()
 
 
 # -- the NumPy-level pieces against central differences of backward, along random directions
