@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import copy
 import math
-import warnings
 from typing import Any
 
 import numpy as np
@@ -36,63 +35,17 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 from rnnc.errors import RnncRuntimeError, RnncTypeError, RnncValueError
 from rnnc.interop import torch_autograd, torch_ops
 from rnnc.interop import weights as W
-from rnnc.interop.cell_params import TORCH_MODES
 from rnnc.interop.torch_autograd import from_numpy, to_numpy
+from rnnc.interop.torch_checks import DTYPES, check_arguments, check_dtypes
 from rnnc.layers import RNN as Layer
 from rnnc.layers import CellFactory, Grid, check_dropout, check_picklable
 
 _TORCH_BASE_NAMES = ("weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr")
-_DTYPES = (torch.float32, torch.float64)  # what rnnc computes in (no bfloat16/float16 yet)
 
 
 def _base_name(name: str) -> str:
     """``weight_ih_l1_reverse`` -> ``weight_ih``: a parameter's name without layer suffix."""
     return name.rsplit("_l", 1)[0]
-
-
-def _check_arguments(mode: Any, nonlinearity: str | None, input_size: Any, hidden_size: Any,
-                     num_layers: Any, bias: Any, batch_first: Any, dropout: Any, proj_size: Any
-                     ) -> str | CellFactory:
-    """Check the constructor's arguments as ``torch.nn.RNNBase`` does, with its error kinds;
-    return rnnc's mode (``"RNN"`` plus ``nonlinearity`` becomes ``"rnn_tanh"``/``"rnn_relu"``).
-    """
-    if isinstance(mode, str):
-        mode = TORCH_MODES.get(mode, mode)
-        if mode in ("rnn", "RNN"):
-            nonlinearity = "tanh" if nonlinearity is None else nonlinearity
-            if nonlinearity not in ("tanh", "relu"):
-                raise RnncValueError(f"Unknown nonlinearity {nonlinearity!r}. Select from 'tanh' "
-                                     f"or 'relu'.")
-            mode = f"rnn_{nonlinearity}"
-    if nonlinearity is not None and mode != f"rnn_{nonlinearity}":
-        raise RnncValueError(f"nonlinearity={nonlinearity!r} needs mode 'RNN', got {mode!r}")
-    try:
-        check_dropout(dropout)
-    except RnncValueError:
-        raise RnncValueError(f"dropout should be a number in range [0, 1] representing the "
-                             f"probability of an element being zeroed, got {dropout!r}") from None
-    if dropout > 0 and num_layers == 1:
-        warnings.warn(f"dropout adds dropout after all but the last recurrent layer, so "
-                      f"non-zero dropout expects num_layers greater than 1, but got "
-                      f"dropout={dropout} and num_layers={num_layers}", stacklevel=3)
-    for name, value in (("bias", bias), ("batch_first", batch_first)):
-        if not isinstance(value, bool):
-            raise RnncTypeError(f"{name} should be of type bool, got: {type(value).__name__}")
-    for name, value in (("input_size", input_size), ("hidden_size", hidden_size),
-                        ("num_layers", num_layers), ("proj_size", proj_size)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise RnncTypeError(f"{name} should be of type int, got: {type(value).__name__}")
-        if value < (0 if name == "proj_size" else 1):
-            raise RnncValueError(f"{name} must be greater than zero, got {value}" if
-                                 name != "proj_size" else
-                                 f"proj_size should be a positive integer or zero to disable "
-                                 f"projections, got {value}")
-    if proj_size and mode != "lstm":
-        raise RnncValueError(f"proj_size argument is only supported for LSTM, not {mode!r}")
-    if proj_size >= hidden_size:
-        raise RnncValueError(f"proj_size has to be smaller than hidden_size ({hidden_size}), "
-                             f"got {proj_size}")
-    return mode
 
 
 class RNN(nn.Module):
@@ -113,7 +66,7 @@ class RNN(nn.Module):
                  extra_inputs: str = "all", **backend_options: Any) -> None:
         super().__init__()
         self._op_key = torch_ops.register(self)
-        mode = _check_arguments(mode, nonlinearity, input_size, hidden_size, num_layers, bias,
+        mode = check_arguments(mode, nonlinearity, input_size, hidden_size, num_layers, bias,
                                 batch_first, dropout, proj_size)
         self.layer = Layer(mode, input_size, hidden_size, num_layers=num_layers,
                            bidirectional=bidirectional, dropout=dropout,
@@ -280,15 +233,7 @@ class RNN(nn.Module):
         if x.dim() not in (2, 3):
             raise RnncValueError(f"{name}: Expected input to be 2D or 3D, got {x.dim()}D instead")
         dtype = self._flat_parameters()[0].dtype
-        if dtype not in _DTYPES:
-            raise RnncTypeError(f"{name}: the module's parameters are {dtype}, but rnnc.torch.RNN "
-                                f"computes in torch.float32 or torch.float64: convert the module "
-                                f"with module.float() (or module.double()) and its input with "
-                                f"input.float()")
-        if x.dtype not in _DTYPES:
-            raise RnncTypeError(f"{name}: the input is {x.dtype}, but rnnc.torch.RNN computes in "
-                                f"torch.float32 or torch.float64: pass input.to({dtype}), the "
-                                f"dtype of the module's parameters")
+        check_dtypes(name, dtype, x.dtype)
         if x.dtype != dtype:
             raise RnncValueError(f"input dtype ({x.dtype}) does not match weight dtype ({dtype})")
         if x.shape[-1] != self.input_size:
@@ -344,7 +289,7 @@ class RNN(nn.Module):
             if not isinstance(e, torch.Tensor):
                 raise RnncTypeError(f"extra input {name!r} must be a tensor, got "
                                     f"{type(e).__name__}")
-            if e.dtype not in _DTYPES:  # checked here: a bfloat16 tensor has no NumPy view
+            if e.dtype not in DTYPES:  # checked here: a bfloat16 tensor has no NumPy view
                 raise RnncTypeError(f"extra input {name!r} is {e.dtype}, but rnnc.torch.RNN "
                                     f"computes in torch.float32 or torch.float64: pass it as "
                                     f".to({dtype}), the input's dtype")
