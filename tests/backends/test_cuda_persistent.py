@@ -22,6 +22,7 @@ from rnnc.backends.cuda import autotune, codegen, cooperative
 from rnnc.backends.cuda.persistent import persistent_tile, resident_blocks
 from rnnc.backends.cuda.ptx import NO_COMPILER, available_compiler, compile_ptx
 from tests.backends import test_cuda_fused_step as fused_step_tests
+from tests.backends.test_cuda_autotune import FakeStream
 
 CELLS = ("lstm", "gru", "rnn")
 INPUT = 3
@@ -183,14 +184,6 @@ def test_resident_blocks_on_a_gpu_come_from_the_occupancy_query() -> None:
     assert resident_blocks(None, kernel, 256) == cooperative.MAX_COOPERATIVE_THREADS // 256
 
 
-class FakeStream:
-    def __enter__(self) -> FakeStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-
 def test_a_timed_choice_can_keep_the_persistent_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     """What a runner does when it times its plans on a GPU, driven in emulation with a stand-in
     for the timing: the persistent plan, timed beside the fused one, is kept when faster."""
@@ -202,11 +195,11 @@ def test_a_timed_choice_can_keep_the_persistent_plan(monkeypatch: pytest.MonkeyP
     runner = fn._runners[("inference", "f32", False)]
     timed: list[str] = []
 
-    def faster(cupy: object, stream: object, plans: dict, env: dict) -> str:
+    def measure(cupy: object, stream: object, plans: dict, env: dict) -> tuple[dict, dict]:
         timed.extend(sorted(plans))
-        return "persistent"
+        return {"fused": 2.0, "persistent": 1.0}, {}
 
-    monkeypatch.setattr(autotune, "faster", faster)
+    monkeypatch.setattr(autotune, "measure", measure)
     monkeypatch.setattr(runner, "backend", type("Backend", (), {"cupy": object()}))
     runner.timed, runner._stream = True, FakeStream()
     (plan,) = plans(fn, "inference")
