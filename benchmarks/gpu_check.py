@@ -131,21 +131,27 @@ def environment(emulate: bool) -> dict[str, Any]:
 
 
 def cuda_test_files() -> list[str]:
-    """The test files that mark any test ``cuda``."""
-    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
-                  if "mark.cuda" in p.read_text(errors="replace"))
+    """The test files that mark any test ``cuda``, the fuzz tests (the longest) last."""
+    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
+                   if "mark.cuda" in p.read_text(errors="replace"))
+    return sorted(files, key=lambda name: "/fuzz/" in name)
+
+
+# pytest -v's line per test: "tests/x.py::test_y[param] PASSED    [ 10%]"
+_OUTCOME = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
 
 
 def run_tests(record: dict[str, Any], budget: float, files: list[str]) -> str:
-    """The ``cuda`` tests of ``files`` in a pytest subprocess, killed at ``budget`` seconds."""
+    """The ``cuda`` tests of ``files`` in a pytest subprocess, killed at ``budget`` seconds;
+    each test's outcome is read from its own line, so a stopped run still tells what ran."""
     if importlib.util.find_spec("hypothesis") is None:
         record["skipped"].append("all: hypothesis is not installed (tests/conftest.py imports "
                                  "it; docs/device-calls.md brings its wheel)")
         return "not run"
-    # addopts cleared: no -n (pytest-xdist may be missing), no 'not slow' (cuda tests only).
-    command = [sys.executable, "-m", "pytest", "-q", "-rfE", "-m", "cuda and not slow",
-               "--durations=10", "-o", "addopts=",
-               "-p", "no:cacheprovider", "--continue-on-collection-errors", *files]
+    # addopts cleared: no -n (pytest-xdist may be missing); the slow ones stay out.
+    command = [sys.executable, "-m", "pytest", "-v", "-rfE", "-m", "cuda and not slow",
+               "--durations=10", "-o", "addopts=", "-p", "no:cacheprovider",
+               "--continue-on-collection-errors", *files]
     record["command"] = shlex.join(["python", *command[1:]])
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -156,14 +162,18 @@ def run_tests(record: dict[str, Any], budget: float, files: list[str]) -> str:
         os.killpg(process.pid, signal.SIGKILL)  # the pytest process group this part started
         output, _ = process.communicate()
         status = "stopped at its budget"
-        record["skipped"].append(f"the tests still running after {budget:.0f} s")
+        record["skipped"].append(f"the tests not finished after {budget:g} s")
     lines = output.splitlines()
+    outcomes = dict(m.groups() for m in map(_OUTCOME.match, lines) if m)
     record["returncode"] = process.returncode
-    record["failures"] = [line for line in lines if line.startswith(("FAILED ", "ERROR "))]
+    record["counts"] = {word.lower(): list(outcomes.values()).count(word)
+                        for word in sorted(set(outcomes.values()))}
+    record["failures"] = [f"{outcome} {test}" for test, outcome in outcomes.items()
+                          if outcome in ("FAILED", "ERROR")]
+    record["failures"] += [line for line in lines if line.startswith("ERROR ") and
+                           "::" not in line]  # a file that could not be collected
     summary = next((line for line in reversed(lines) if re.search(r"\d+ \w+ in ", line)), "")
     record["summary"] = summary.strip("= ")
-    record["counts"] = {word: int(n) for n, word in
-                        re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", summary)}
     record["tail"] = lines[-30:]  # the slowest tests and the summary
     return status
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -108,3 +109,23 @@ def test_the_default_tests_are_the_files_that_mark_cuda(gpu_check) -> None:
     assert "tests/backends/test_cuda_backend.py" in files
     assert "tests/rnnc/test_torch_device.py" in files
     assert "tests/backends/test_cuda_fused_step.py" not in files
+
+
+def test_the_tests_part_stops_at_its_budget(gpu_check) -> None:
+    record: dict = {"skipped": []}
+    files = ["tests/backends/test_cuda_backend.py"]
+    assert gpu_check.run_tests(record, 0.2, files) == "stopped at its budget"
+    assert record["skipped"] == ["the tests not finished after 0.2 s"]
+    assert record["returncode"] == -9 and record["counts"] == {}  # killed, nothing finished
+
+
+def test_rnnc_needs_no_particular_cupy_build() -> None:
+    """A GPU host may have CuPy for CUDA 13 (docs/device-calls.md): rnnc imports ``cupy`` by
+    module name and never asks for a distribution such as cupy-cuda12x."""
+    root = Path(__file__).parents[2]
+    sources = [*(root / "rnnc").rglob("*.py"), *(root / "backends").rglob("*.py")]
+    named = [str(path.relative_to(root)) for path in sources
+             if re.search(r"cupy[-_]cuda\d", path.read_text())]
+    asked = [str(path.relative_to(root)) for path in (root / "backends" / "cuda").glob("*.py")
+             if re.search(r"importlib\.metadata|pkg_resources", path.read_text())]
+    assert named == [] and asked == []
