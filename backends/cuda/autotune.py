@@ -16,8 +16,10 @@ Tuning cannot cost a run:
   runs, and the host's wait for any one run) is dropped with a ``RuntimeWarning``: it could
   not win. The wait polls the run's end event, so a slow kernel stops the timing rather than
   the process (a kernel that never ends still holds the GPU: nothing on the host can end it);
-- the GEMM path is the fallback: it is never dropped for time, and its own launch failing is
-  an error of the call, raised as before.
+- the GEMM path is the fallback: the runner times it first, it is never dropped for time, and
+  its own launch failing is an error of the call, raised as before. (A run abandoned at its
+  budget still runs on the stream: the candidates timed after it wait behind it, and may
+  themselves overrun; so the fallback goes first and the persistent kernel last.)
 
 The choice is cached on disk (:class:`TuningCache`, entries of :mod:`rnnc.diskcache` under
 ``<rnnc cache root>/cuda-tuning``: private directory, size bound, a MAC per entry), keyed by

@@ -230,7 +230,7 @@ class Runner:
             cache = None if device is None else autotune.TuningCache(device, self.fingerprint)
             plan, tuning = autotune.choose(
                 cupy, self._stream, key, env, lambda name: self._path_plan(name, inputs(), dims),
-                sorted(self.hosts), cache)
+                sorted(self.hosts, key=lambda name: (name != "gemm", name)), cache)
             self.paths[key], self.tunings[key] = tuning.path, tuning
             return plan
         if path is None:

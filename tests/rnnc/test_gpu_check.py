@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -53,7 +54,8 @@ def test_an_emulated_check_writes_every_part_and_what_it_skipped(gpu_check, tmp_
 
     assert profile["status"] == "done" and profile["call"].startswith("C1-tiny gru inference")
     assert set(profile["rows"]) == {"device call", "device call (graph=False)",
-                                    "NumPy round trip", "copy x to the device",
+                                    "NumPy round trip (x, parameters in; y, states out)",
+                                    "copy x to the device",
                                     "copy y to the host"}
     assert all(r["host_ms"] > 0 and r["gpu_ms"] is None for r in profile["rows"].values())
 
@@ -82,11 +84,13 @@ def test_the_watchdog_writes_what_there_is_and_ends_the_run(gpu_check, tmp_path,
     check.part("bench", 10.0)["rows"] = [{"config": "C1", "cell": "lstm", "mode": "inference",
                                          "contestant": "cudnn", "median_ms": float("inf"),
                                          "min_ms": 1.0, "max_ms": 2.0, "ratio": None}]
+    check.child = subprocess.Popen(["sleep", "60"], start_new_session=True)  # the tests' pytest
     monkeypatch.setattr(gpu_check.os, "_exit", lambda code: (_ for _ in ()).throw(
         SystemExit(code)))
     with pytest.raises(SystemExit) as stopped:
         gpu_check._stop(check)
     assert stopped.value.code == 3
+    assert check.child.wait(timeout=10) == -9  # not left running on the GPU
     data = json.loads((tmp_path / "gpu_check.json").read_text())  # strict JSON: no Infinity
     assert data["stopped_by_watchdog"] == "during bench, at 0.5 min"
     assert data["parts"]["bench"]["status"] == "running"
