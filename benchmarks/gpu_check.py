@@ -75,7 +75,7 @@ class Check:
             record = self.data["parts"][name] = {"status": "running", "budget_s": budget,
                                                  "skipped": []}
             record["_start"] = time.perf_counter()
-        print(f"gpu_check: {name} (budget {budget:.0f} s)", flush=True)
+        print(f"gpu_check: {name} (budget {budget:g} s)", flush=True)
         return record
 
     @staticmethod
@@ -246,6 +246,10 @@ def bench_row(record: dict[str, Any], config: bench.Config, cell: str, mode: str
         for path in function.launch_report():
             record["paths"].append({**label, **path, "first_call_ms": first_ms,
                                     "steady_ms": ours[0] if ours else None})
+            print(f"gpu_check:     {path['program']} T={path['T']} B={path['B']}: "
+                  f"{path['path']} ({path['chosen_by']}, tuning {path['tuning_s']:.3f} s, "
+                  f"graph {'yes' if path['graph'] else 'no'}); first call "
+                  f"{first_ms or 0:.1f} ms, steady {ours[0] if ours else 0:.3f} ms", flush=True)
 
 
 def profile(record: dict[str, Any], budget: float, cell: str, size: str,
@@ -330,10 +334,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or args.reps < 5:
         parser.error(f"unknown parts {unknown}" if unknown else "--reps must be at least 5")
     check = Check(args)
-    check.data["environment"] = env = environment(args.emulate)
     watchdog = threading.Timer(args.minutes * 60, _stop, (check,))
     watchdog.daemon = True
     watchdog.start()
+    check.current = "environment"  # importing torch and JAX, JAX finding its GPU
+    check.data["environment"] = env = environment(args.emulate)
     missing = env["missing"]
     for part in SHARES:
         record = check.part(part, budgets[part])
