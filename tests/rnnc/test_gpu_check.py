@@ -30,7 +30,7 @@ def test_an_emulated_check_writes_every_part_and_what_it_skipped(gpu_check, tmp_
     assert gpu_check.main(["--emulate", "--size", "tiny", "--out", str(tmp_path),
                            "--configs", "C3,C4", "--cells", "gru", "--modes", "inference",
                            "--reps", "5", "--warmup", "1", "--budget", "bench=0.5",
-                           "--tests", "tests/backends/test_cuda_backend.py"]) == 0
+                           "--tests", "tests/backends/test_cuda_device_calls.py"]) == 0
     data = json.loads((tmp_path / "gpu_check.json").read_text())
     page = (tmp_path / "gpu_check.md").read_text()
     tests, bench, profile = (data["parts"][name] for name in ("tests", "bench", "profile"))
