@@ -120,6 +120,7 @@ def test_a_grid_of_fewer_blocks_than_row_tiles_loops_over_them(
     """B = 70 is three tiles of 32 rows; one resident block computes them all each step."""
     plan = run_limited(monkeypatch, 1, 70, 5)
     assert_persistent(plan)
+    assert plan.path == "persistent"  # what Function.launch_report() names
     (launch,) = [call for call, entry in zip(plan.calls, plan.entries, strict=True)
                  if entry.kind == "persistent"]
     assert launch.args[0] == (1,)  # the grid
@@ -130,6 +131,7 @@ def test_a_grid_that_does_not_fit_falls_back_to_fused_steps(
     """H = 40 needs two blocks of 32 units; with room for one the steps run one by one."""
     plan = run_limited(monkeypatch, 1, 3, 40)
     assert "persistent" not in plan.count("body")
+    assert plan.path == "fused"  # the report names the path that runs, not the one asked for
     assert all(plan.per_step(step) == {"kernel": 1} for step in range(T))
 
 
