@@ -25,6 +25,7 @@ test of this script; its times mean nothing.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -36,6 +37,9 @@ import numpy as np
 import rnnc
 from rnnc.tools import bench
 from rnnc.tools.bench.peers import jax_call, torch_eager_call, torch_module
+
+# JAX takes 75 % of the GPU's memory on first use unless told not to: CuPy and PyTorch share it.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 
 def gpu_missing() -> str | None:
@@ -86,21 +90,24 @@ class Place:
 
 def rnnc_device_call(spec: bench.CellSpec, config: bench.Config, grid: list, mode: str,
                      place: Place, options: dict) -> Callable[[Any], Any] | None:
-    """``x -> y`` of one compiled cell on device arrays, or None for stacked configurations."""
+    """``x -> y`` of one compiled cell on device arrays, or None for stacked configurations;
+    the compiled function is the call's ``function`` (its launch report, its tuning)."""
     if config.layers != 1 or config.directions != 1:
         return None
     fn = rnnc.compile(spec.factory(config.I, config.H), backend="cuda", emulate=place.emulate,
                       **options)
     flat = place.device_array(fn.pack(grid[0][0]))
     ones = place.device_array(np.ones((config.T, config.B, config.H), np.float32))
-    if mode == "inference":
-        return lambda x: fn(x, flat)[0]
+    def infer(x: Any) -> Any:
+        return fn(x, flat)[0]
 
     def train(x: Any) -> Any:
         ys, _, tape = fn.forward(x, flat)
         fn.backward(tape, {name: ones for name in ys})
         return ys
-    return train
+    call = infer if mode == "inference" else train
+    call.function = fn
+    return call
 
 
 def cudnn_call(spec: bench.CellSpec, config: bench.Config, grid: list, mode: str,
@@ -138,8 +145,10 @@ def timed(call: Callable[[], Any], sync: Callable[[], None], reps: int, warmup: 
 
 
 def contestants(spec: bench.CellSpec, cell: str, config: bench.Config, mode: str,
-                place: Place, options: dict, x: np.ndarray) -> dict[str, Callable[[], Any]]:
-    """Every contestant's call on this configuration, with its input bound."""
+                place: Place, options: dict, x: np.ndarray,
+                compiled: dict[str, Any] | None = None) -> dict[str, Callable[[], Any]]:
+    """Every contestant's call on this configuration, with its input bound; ``compiled``, if
+    given, receives the device row's compiled function as ``compiled["rnnc device"]``."""
     grid = bench.layer_params(spec, config)
     x_dev = place.device_array(x)
     x_torch = place.torch.from_numpy(x).to(place.torch_device)
@@ -147,6 +156,8 @@ def contestants(spec: bench.CellSpec, cell: str, config: bench.Config, mode: str
     device = rnnc_device_call(spec, config, grid, mode, place, options)
     if device is not None:
         calls["rnnc device"] = lambda: device(x_dev)
+        if compiled is not None:
+            compiled["rnnc device"] = device.function
     numpy_call, _ = bench.rnnc_call(spec, config, grid, mode, "cuda",
                                     {**options, "emulate": True} if place.emulate else options)
     calls["rnnc numpy"] = lambda: numpy_call(x)

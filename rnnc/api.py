@@ -123,6 +123,17 @@ class Function:
                     counts[where][node.op.name] = counts[where].get(node.op.name, 0) + 1
         return counts
 
+    def launch_report(self) -> list[dict[str, Any]]:
+        """How each program run so far launches each shape: one row per program (``program``,
+        ``dtype``, ``lengths``) and shape, from a backend with launch plans (CUDA: the path,
+        how it was chosen, the tuning time of the first call, CUDA graph or not; see
+        ``backends/cuda/runtime.py``); empty for the other backends."""
+        with self._lock:
+            runners = sorted(self._runners.items())
+        return [{"program": mode, "dtype": dtype, "lengths": masked, **row}
+                for (mode, dtype, masked), runner in runners
+                for row in (runner.launch_report() if hasattr(runner, "launch_report") else ())]
+
     # -- parameters
     def pack(self, params: Mapping[str, np.ndarray]) -> np.ndarray:
         """Copy named parameters into one new flat buffer."""

@@ -1,8 +1,9 @@
 """Private disk caches: where they live, and how an entry is written, read and checked.
 
 Every file rnnc keeps between processes goes through this module: LLVM object code
-(``<root>/llvm``), CUDA-emulation kernel libraries (``<root>/cuda-emulate``) and the BLAS
-tuning file (``<root>/blas.json``). ``<root>`` is ``$RNNC_CACHE_DIR``, else
+(``<root>/llvm``), CUDA-emulation kernel libraries (``<root>/cuda-emulate``), the CUDA launch
+paths tuned per GPU and shape (``<root>/cuda-tuning``) and the BLAS tuning file
+(``<root>/blas.json``). ``<root>`` is ``$RNNC_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/rnnc``, else ``~/.cache/rnnc`` (``docs/caches.md`` has the whole story).
 
 - A directory is created with mode 0700 and used only if it is a directory owned by this user

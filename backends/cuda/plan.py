@@ -47,6 +47,7 @@ class Plan:
     graph: Any = None  # the captured CUDA graph, once there is one (GPU only)
     captured: bool = False  # capture was tried (it may have failed: graph stays None)
     staging: dict[tuple[str, str], Any] = field(default_factory=dict)  # pinned host buffers
+    path: str = ""  # the launch path that made it: "gemm", "fused" or "persistent"
 
     def record(self, entry: Entry, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         """Append ``fn(*args, **kwargs)`` to the calls, described by ``entry``."""

@@ -31,7 +31,11 @@ reading it is unit-local (:mod:`.fused_step`): ``"never"`` keeps a cuBLAS GEMM a
 elementwise kernel; ``"always"`` runs one fused kernel (product tile and epilogue) instead;
 ``"auto"`` (the default) is ``"always"`` in emulation, so the test suite runs the fused kernels,
 and on a GPU times both plans on the first call of each shape and keeps the faster one for that
-shape (:mod:`.autotune`), together with the persistent plan where it applies.
+shape (:mod:`.autotune`), together with the persistent plan where it applies; a path whose launch
+fails or overruns its timing budget is dropped with a warning, and the choice is cached on disk
+per device and shape, so another process takes it without timing. ``Runner.launch_report()``
+(``Function.launch_report()`` for all of a compiled function's programs) says, per shape, which
+path runs, how it was chosen, what choosing cost the first call, and whether a graph replays it.
 ``"persistent"`` runs the whole time loop as one cooperative launch (:mod:`.persistent`) where
 the body and the shape allow it, else the fused steps; emulation uses it only when asked, as
 its fibers make it slow. The fused kernel computes the product in full float32, so
@@ -41,6 +45,7 @@ Where a module has barrier kernels, emulation loads it through :mod:`.mixed`.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Hashable, Mapping
 from typing import Any
@@ -137,7 +142,8 @@ class Runner:
     ``runner.transfers`` holds the bytes the last call copied to the device and back
     (``to_device``, ``to_host``), counted alike on a GPU and in emulation. ``runner.hosts``
     holds a host per path the module has ("fused", "gemm", "persistent"); ``runner.paths`` the path
-    ``fused_step="auto"`` chose for each shape on a GPU (:mod:`.autotune`)."""
+    ``fused_step="auto"`` chose for each shape on a GPU and ``runner.tunings`` how
+    (:mod:`.autotune`)."""
 
     def __init__(self, backend: CudaBackend, program: Program) -> None:
         schedule = schedule_program(program)
@@ -168,6 +174,10 @@ class Runner:
                 self.host = self.hosts["persistent"]
         self.timed = mode == "auto" and backend.cupy is not None and len(self.hosts) >= 2
         self.paths: dict[Hashable, str] = {}
+        self.tunings: dict[Hashable, autotune.Tuning] = {}
+        # What a tuning choice on disk is valid for: every kernel this runner may launch.
+        kernels = module.source + (persistent.source if persistent is not None else "")
+        self.fingerprint = hashlib.sha256(kernels.encode()).hexdigest()
         self.plans = Plans()
         self.transfers = {"to_device": 0, "to_host": 0}
         # One call at a time: a plan's buffers serve every call of its shape.
@@ -215,13 +225,48 @@ class Runner:
 
         path = self.paths.get(key)
         if path is None and self.timed:
-            plans = {name: host.plan(inputs(), dims) for name, host in self.hosts.items()}
-            whole = plans.get("persistent")
-            if whole is not None and "persistent" not in whole.count("body"):
-                del plans["persistent"]  # this shape fell back to the fused steps: no timing
-            path = self.paths[key] = autotune.faster(self.backend.cupy, self._stream, plans, env)
-            return plans[path]
-        return (self.hosts[path] if path else self.host).plan(inputs(), dims)
+            cupy = self.backend.cupy
+            device = autotune.device_identity(cupy)
+            cache = None if device is None else autotune.TuningCache(device, self.fingerprint)
+            plan, tuning = autotune.choose(
+                cupy, self._stream, key, env, lambda name: self._path_plan(name, inputs(), dims),
+                sorted(self.hosts, key=lambda name: (name != "gemm", name)), cache)
+            self.paths[key], self.tunings[key] = tuning.path, tuning
+            return plan
+        if path is None:
+            path = next(name for name, host in self.hosts.items() if host is self.host)
+        return self._path_plan(path, inputs(), dims, fallback=True)
+
+    def _path_plan(self, path: str, inputs: dict[str, Any], dims: Mapping[str, int],
+                   fallback: bool = False) -> Plan | None:
+        """The plan of ``path`` for these sizes, its ``path`` set to what it launches; None
+        where a persistent plan fell back to the fused steps, unless ``fallback``."""
+        plan = self.hosts[path].plan(inputs, dims)
+        plan.path = path
+        if path == "persistent" and "persistent" not in plan.count("body"):
+            if not fallback:
+                return None  # this shape runs the fused steps: nothing else to time
+            plan.path = "fused"
+        return plan
+
+    def launch_report(self) -> list[dict[str, Any]]:
+        """Per shape this runner keeps a plan for: its sizes, the launch path, how the path
+        was chosen ("timed", "disk cache", or "fused_step" for a fixed mode), the host seconds
+        choosing added to the first call, each timed candidate's median and each dropped one's
+        reason, and whether a CUDA graph replays the plan."""
+        with self._lock:
+            kept = list(self.plans.plans.items())
+        rows = []
+        for key, plan in kept:
+            tuning = self.tunings.get(key)
+            rows.append({"T": key[0], "B": key[1], "path": plan.path,
+                         "chosen_by": tuning.source if tuning else "fused_step",
+                         "tuning_s": tuning.seconds if tuning else 0.0,
+                         "times_ms": dict(tuning.times_ms) if tuning else {},
+                         "dropped": dict(tuning.dropped) if tuning else {},
+                         "graph": plan.graph is not None,
+                         "capture_failed": plan.captured and plan.graph is None})
+        return rows
 
     def _emulated(self, plan: Plan, env: Mapping[str, Any], on_device: bool) -> dict[str, Any]:
         """Copy in, run the plan, copy out: what a GPU call does, in host memory."""

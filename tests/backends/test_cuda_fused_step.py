@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import rnnc
-from rnnc.backends.cuda import autotune, codegen
+from rnnc.backends.cuda import codegen
 from rnnc.backends.cuda.fused_step import FusedStep
 from rnnc.backends.cuda.ptx import NO_COMPILER, available_compiler, compile_ptx
 from rnnc.tools.bench.configs import ln_lstm
@@ -200,113 +200,6 @@ def test_a_backward_program_renders_no_fused_step() -> None:
     program = rnnc.compile(make("gru", 5), backend="numpy").program("backward", "f32")
     module = codegen.render(program, fused_step="always")
     assert module.barriers == [] and not module.fused
-
-
-class FakeClock:
-    """A stand-in for CuPy's events: each plan's run advances a clock by its own cost."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.ndarray = np.ndarray
-        clock = self
-
-        class Event:
-            def record(self, stream: object = None) -> None:
-                self.at = clock.now
-
-            def synchronize(self) -> None:
-                pass
-
-        self.cuda = type("cuda", (), {"Event": Event, "get_elapsed_time":
-                                      staticmethod(lambda start, end: end.at - start.at)})
-
-    @staticmethod
-    def copyto(destination: np.ndarray, source: np.ndarray) -> None:
-        np.copyto(destination, source)
-
-
-class FakePlan:
-    def __init__(self, clock: FakeClock, cost: float) -> None:
-        self.clock, self.cost, self.runs = clock, cost, 0
-        self.inputs = {"x": np.zeros(3)}
-
-    def run(self) -> None:
-        self.runs += 1
-        self.clock.now += self.cost
-
-
-class FakeStream:
-    def __enter__(self) -> FakeStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-
-@pytest.mark.parametrize("costs, kept", [((1.0, 2.0), "fused"), ((3.0, 2.0), "gemm"),
-                                         ((2.0, 2.0), "gemm")])
-def test_auto_keeps_the_plan_with_the_smaller_median(costs: tuple, kept: str) -> None:
-    clock = FakeClock()
-    plans = {"fused": FakePlan(clock, costs[0]), "gemm": FakePlan(clock, costs[1])}
-    x = np.arange(3.0).view(np.ndarray)
-    assert autotune.faster(clock, FakeStream(), plans, {"x": x}) == kept
-    for plan in plans.values():
-        assert plan.runs == 1 + autotune.REPLAYS
-        np.testing.assert_array_equal(plan.inputs["x"], x)
-
-
-class FailingPlan(FakePlan):
-    def run(self) -> None:
-        raise RuntimeError("cudaErrorCooperativeLaunchTooLarge")
-
-
-def test_auto_drops_a_path_whose_launch_fails_and_says_so() -> None:
-    clock = FakeClock()
-    plans = {"persistent": FailingPlan(clock, 0.5), "fused": FakePlan(clock, 2.0),
-             "gemm": FakePlan(clock, 1.0)}
-    with pytest.warns(RuntimeWarning, match="'persistent' plan.*LaunchTooLarge"):
-        assert autotune.faster(clock, FakeStream(), plans, {"x": np.zeros(3)}) == "gemm"
-
-
-def test_auto_does_not_hide_a_failing_gemm_path() -> None:
-    clock = FakeClock()
-    plans = {"fused": FakePlan(clock, 1.0), "gemm": FailingPlan(clock, 2.0)}
-    with pytest.raises(RuntimeError, match="LaunchTooLarge"):
-        autotune.faster(clock, FakeStream(), plans, {"x": np.zeros(3)})
-
-
-@pytest.mark.parametrize("gemm_ms, kept", [(1.0, "gemm"), (3.0, "fused")])
-def test_auto_on_a_gpu_times_both_plans_once_per_shape(monkeypatch: pytest.MonkeyPatch,
-                                                       gemm_ms: float, kept: str) -> None:
-    """What a runner does with "auto" on a GPU for a new shape, driven in emulation with a
-    stand-in for CUDA events: both paths' plans are built and timed, the faster is kept."""
-    cell = make("lstm", 5)
-    fn = rnnc.compile(cell, backend="cuda", emulate=True)
-    x, params, _, _ = case(cell, 2, np.float32)
-    want, _ = rnnc.compile(cell, optimize=False)(x, params)
-    fn(x, params)
-    runner = fn._runners[("inference", "f32", False)]
-    assert set(runner.hosts) == {"fused", "gemm"} and not runner.timed and runner.paths == {}
-    timed: list[str] = []
-
-    def median_ms(cupy: object, plan: object, stream: object) -> float:
-        path = "gemm" if "gemm" in plan.per_step(0) else "fused"
-        timed.append(path)
-        return gemm_ms if path == "gemm" else 2.0
-
-    monkeypatch.setattr(autotune, "median_ms", median_ms)
-    monkeypatch.setattr(runner, "backend", type("Backend", (), {"cupy": FakeClock()}))
-    runner.timed, runner._stream = True, FakeStream()
-    env = {name: array.copy() for name, array in only_plan(fn, "inference", np.float32,
-                                                            False).inputs.items()}
-    key = ("a new shape",)
-    plan = runner._new_plan(key, env, {"T": T, "B": 2})
-    assert sorted(timed) == ["fused", "gemm"] and runner.paths == {key: kept}
-    assert ("gemm" in plan.per_step(0)) == (kept == "gemm")
-    plan.run()
-    np.testing.assert_allclose(plan.results["y"], want["y"], **TOLERANCE[np.float32])
-    runner._new_plan(key, env, {"T": T, "B": 2})  # the choice is kept: no second timing
-    assert len(timed) == 2
 
 
 @pytest.mark.skipif(available_compiler() is None, reason=NO_COMPILER)

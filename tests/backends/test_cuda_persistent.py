@@ -22,6 +22,7 @@ from rnnc.backends.cuda import autotune, codegen, cooperative
 from rnnc.backends.cuda.persistent import persistent_tile, resident_blocks
 from rnnc.backends.cuda.ptx import NO_COMPILER, available_compiler, compile_ptx
 from tests.backends import test_cuda_fused_step as fused_step_tests
+from tests.backends.test_cuda_autotune import FakeStream
 
 CELLS = ("lstm", "gru", "rnn")
 INPUT = 3
@@ -119,6 +120,7 @@ def test_a_grid_of_fewer_blocks_than_row_tiles_loops_over_them(
     """B = 70 is three tiles of 32 rows; one resident block computes them all each step."""
     plan = run_limited(monkeypatch, 1, 70, 5)
     assert_persistent(plan)
+    assert plan.path == "persistent"  # what Function.launch_report() names
     (launch,) = [call for call, entry in zip(plan.calls, plan.entries, strict=True)
                  if entry.kind == "persistent"]
     assert launch.args[0] == (1,)  # the grid
@@ -129,6 +131,7 @@ def test_a_grid_that_does_not_fit_falls_back_to_fused_steps(
     """H = 40 needs two blocks of 32 units; with room for one the steps run one by one."""
     plan = run_limited(monkeypatch, 1, 3, 40)
     assert "persistent" not in plan.count("body")
+    assert plan.path == "fused"  # the report names the path that runs, not the one asked for
     assert all(plan.per_step(step) == {"kernel": 1} for step in range(T))
 
 
@@ -183,14 +186,6 @@ def test_resident_blocks_on_a_gpu_come_from_the_occupancy_query() -> None:
     assert resident_blocks(None, kernel, 256) == cooperative.MAX_COOPERATIVE_THREADS // 256
 
 
-class FakeStream:
-    def __enter__(self) -> FakeStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-
 def test_a_timed_choice_can_keep_the_persistent_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     """What a runner does when it times its plans on a GPU, driven in emulation with a stand-in
     for the timing: the persistent plan, timed beside the fused one, is kept when faster."""
@@ -202,11 +197,11 @@ def test_a_timed_choice_can_keep_the_persistent_plan(monkeypatch: pytest.MonkeyP
     runner = fn._runners[("inference", "f32", False)]
     timed: list[str] = []
 
-    def faster(cupy: object, stream: object, plans: dict, env: dict) -> str:
+    def measure(cupy: object, stream: object, plans: dict, env: dict) -> tuple[dict, dict]:
         timed.extend(sorted(plans))
-        return "persistent"
+        return {"fused": 2.0, "persistent": 1.0}, {}
 
-    monkeypatch.setattr(autotune, "faster", faster)
+    monkeypatch.setattr(autotune, "measure", measure)
     monkeypatch.setattr(runner, "backend", type("Backend", (), {"cupy": object()}))
     runner.timed, runner._stream = True, FakeStream()
     (plan,) = plans(fn, "inference")
