@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+import rnnc
 import rnnc.torch as rt
 from rnnc.cells_published import variational_lstm, zoneout_lstm
 from rnnc.errors import RnncRuntimeError
@@ -202,3 +203,46 @@ def test_a_key_outlives_the_module_that_made_it():
 def test_a_key_without_a_live_module_raises():
     with pytest.raises(RnncRuntimeError, match="no rnnc.torch.RNN of that configuration"):
         torch_ops.module_of(10**9)
+
+
+def parameterless(input_size: int, hidden_size: int):
+    """h' = tanh(x + h), y = h * x: a cell without parameters."""
+    c = rnnc.Cell("parameterless")
+    x, h = c.input("x", input_size), c.state("h", input_size)
+    c.update(h=rnnc.tanh(x + h))
+    c.output("y", h * x)
+    return c
+
+
+def test_a_cell_without_parameters_runs_eager_and_compiled():
+    """The module has no weights to take a dtype from: it computes in its own (this raised
+    IndexError from the input check). The oracle is the same loop in torch."""
+    module = rt.RNN(parameterless, 3, 3, backend="numpy", dtype=F64)
+    x = torch.randn(4, 2, 3, dtype=F64)
+    h0 = torch.randn(1, 2, 3, dtype=F64)
+
+    def loop(v, h):
+        ys, h = [], h[0]
+        for t in range(v.shape[0]):
+            ys.append(h * v[t])
+            h = torch.tanh(v[t] + h)
+        return torch.stack(ys), h[None]
+
+    def value_and_grads(call):
+        leaves = [t.clone().requires_grad_() for t in (x, h0)]
+        y, h = call(*leaves)
+        loss = y.pow(2).sum() + h.sum()
+        return (loss.detach(), *torch.autograd.grad(loss, leaves))
+
+    want = value_and_grads(loop)
+    torch.testing.assert_close(value_and_grads(lambda v, h: _as_pair(module(v, {"h": h}))),
+                               want)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda v, h: _as_pair(module(v, {"h": h})), backend="aot_eager",
+                             fullgraph=True)
+    torch.testing.assert_close(value_and_grads(compiled), want)
+
+
+def _as_pair(result):
+    y, states = result
+    return y, states["h"]
