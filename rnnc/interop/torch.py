@@ -100,7 +100,9 @@ class RNN(nn.Module):
     ``"LSTM"``, ``"RNN_TANH"``, ...) or an rnnc cell factory. ``backend`` is the rnnc backend
     (``None``: the fastest available); ``backend_options`` go to ``rnnc.compile``. Dropout
     between layers draws from torch's random generator, so ``torch.manual_seed`` fixes it, and
-    so does a cell that draws its own masks (``rnnc.bernoulli``): each forward draws its seed.
+    so does a cell that draws its own masks (``rnnc.bernoulli``): each forward draws its seed,
+    eagerly or under ``torch.compile`` (where inductor draws it with its own generator, also
+    seeded by ``torch.manual_seed``, unless its ``fallback_random`` is set).
     """
 
     def __init__(self, mode: str | CellFactory, input_size: int, hidden_size: int,
@@ -190,6 +192,8 @@ class RNN(nn.Module):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
+        if "draws_masks" not in self.__dict__:  # pickled before modules kept it
+            self.draws_masks = self.layer.draws_masks
         self._op_key = torch_ops.register(self)  # a copy is one more live module of its key
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RNN:

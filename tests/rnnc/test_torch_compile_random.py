@@ -11,6 +11,7 @@ configuration share the op's key, so ``torch.compile`` compiles one graph for al
 from __future__ import annotations
 
 import gc
+import pickle
 
 import numpy as np
 import pytest
@@ -246,3 +247,12 @@ def test_a_cell_without_parameters_runs_eager_and_compiled():
 def _as_pair(result):
     y, states = result
     return y, states["h"]
+
+
+def test_a_module_pickled_without_draws_masks_loads_with_it():
+    """Modules saved before they kept ``draws_masks`` learn it from their layer on loading."""
+    module = rt.RNN(zoneout, 3, 4, backend="numpy")
+    del module.__dict__["draws_masks"]
+    loaded = pickle.loads(pickle.dumps(module))
+    assert loaded.draws_masks is True
+    assert loaded._op_key == rt.RNN(zoneout, 3, 4, backend="numpy")._op_key
