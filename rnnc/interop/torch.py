@@ -55,7 +55,9 @@ class RNN(nn.Module):
     ``"LSTM"``, ``"RNN_TANH"``, ...) or an rnnc cell factory. ``backend`` is the rnnc backend
     (``None``: the fastest available); ``backend_options`` go to ``rnnc.compile``. Dropout
     between layers draws from torch's random generator, so ``torch.manual_seed`` fixes it, and
-    so does a cell that draws its own masks (``rnnc.bernoulli``): each forward draws its seed.
+    so does a cell that draws its own masks (``rnnc.bernoulli``): each forward draws its seed,
+    eagerly or under ``torch.compile`` (where inductor draws it with its own generator, also
+    seeded by ``torch.manual_seed``, unless its ``fallback_random`` is set).
     """
 
     def __init__(self, mode: str | CellFactory, input_size: int, hidden_size: int,
@@ -65,13 +67,15 @@ class RNN(nn.Module):
                  dtype: torch.dtype | None = None, *, nonlinearity: str | None = None,
                  extra_inputs: str = "all", **backend_options: Any) -> None:
         super().__init__()
-        self._op_key = torch_ops.register(self)
         mode = check_arguments(mode, nonlinearity, input_size, hidden_size, num_layers, bias,
                                 batch_first, dropout, proj_size)
         self.layer = Layer(mode, input_size, hidden_size, num_layers=num_layers,
                            bidirectional=bidirectional, dropout=dropout,
                            batch_first=batch_first, backend=backend, seed=0,
-                           proj_size=proj_size, extra_inputs=extra_inputs, **backend_options)
+                           proj_size=proj_size, extra_inputs=extra_inputs,
+                           # what a cell without parameters computes in (else the weights')
+                           dtype=np.float64 if dtype == torch.float64 else np.float32,
+                           **backend_options)
         self.mode = mode
         if mode in ("rnn_tanh", "rnn_relu"):
             self.nonlinearity = mode[4:]
@@ -81,6 +85,7 @@ class RNN(nn.Module):
         self.proj_size = proj_size
         self.state_names = tuple(self.layer.state_sizes)
         self.extra_names = tuple(self.layer.extra_sizes)
+        self.draws_masks = self.layer.draws_masks  # rnnc.bernoulli in the cell
         if not self.bias and not isinstance(mode, str):
             raise RnncValueError("bias=False needs a standard mode; a custom cell declares its "
                                  "own parameters")
@@ -97,6 +102,7 @@ class RNN(nn.Module):
                     names.append(full)
                 row.append(names)
             self._param_names.append(row)
+        self._op_key = torch_ops.register(self)  # for torch.compile: see torch_ops
         self.reset_parameters()
 
     def _shapes(self, k: int) -> dict[str, tuple[int, ...]]:
@@ -120,6 +126,7 @@ class RNN(nn.Module):
     @dropout.setter
     def dropout(self, value: float) -> None:
         self.layer.dropout = check_dropout(value)
+        self._op_key = torch_ops.register(self)  # the dropout is part of the op's key
 
     @property
     def _flat_weights_names(self) -> list[str]:
@@ -140,7 +147,9 @@ class RNN(nn.Module):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
-        self._op_key = torch_ops.register(self)  # a copy is another module for the op
+        if "draws_masks" not in self.__dict__:  # pickled before modules kept it
+            self.draws_masks = self.layer.draws_masks
+        self._op_key = torch_ops.register(self)  # a copy is one more live module of its key
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RNN:
         """A deep copy needs no pickling, so any cell factory (even a lambda) is fine."""
@@ -232,7 +241,8 @@ class RNN(nn.Module):
         name = self.mode.upper() if isinstance(self.mode, str) else "RNN"
         if x.dim() not in (2, 3):
             raise RnncValueError(f"{name}: Expected input to be 2D or 3D, got {x.dim()}D instead")
-        dtype = self._flat_parameters()[0].dtype
+        params = self._flat_parameters()  # a custom cell may have none
+        dtype = params[0].dtype if params else x.dtype
         check_dtypes(name, dtype, x.dtype)
         if x.dtype != dtype:
             raise RnncValueError(f"input dtype ({x.dtype}) does not match weight dtype ({dtype})")
@@ -325,10 +335,10 @@ class RNN(nn.Module):
         if torch.compiler.is_compiling():  # one opaque op in the compiled graph
             y, *final = torch_ops.apply(self, x, states, lengths, extras)
         else:
-            seed = None  # of the dropout between layers and of the cell's own masks
-            if self.training and self.dropout > 0 and self.num_layers > 1 \
-                    or self.layer.draws_masks:
-                seed = int(torch.randint(0, 2**62, (1,)).item())
+            # The seed of the dropout between layers and of the cell's own masks, drawn as
+            # torch_ops.apply draws it under torch.compile: the same masks either way.
+            seed = int(torch.randint(0, torch_ops.SEED_HIGH, (1,)).item()) \
+                if torch_ops.needs_seed(self) else None
             y, *final = torch_autograd.apply(self, lengths, seed, x, states,
                                              self._flat_parameters(), extras)
         if unbatched:

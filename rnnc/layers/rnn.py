@@ -169,6 +169,13 @@ class RNN:
         """Whether the cell draws random masks (``rnnc.bernoulli``), keyed by a call's seed."""
         return self.function(0).draws_masks
 
+    def program_identities(self) -> tuple[str, ...]:
+        """The fingerprints of the traced programs of every layer and direction, in order:
+        equal for layers that run the same code, whatever factory made their cells. Traces
+        the cells only (compiles nothing)."""
+        return tuple(self._cell(self.layer_input_size(k)).program(reverse=d == 1).fingerprint()
+                     for k in range(self.num_layers) for d in range(self.num_directions))
+
     def function(self, layer: int, direction: int = 0) -> Function:
         """Return the compiled function that runs direction ``direction`` of ``layer``
         (direction 1 scans backwards in time; shared by layers of equal input widths)."""
