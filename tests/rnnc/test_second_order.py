@@ -44,3 +44,30 @@ def test_double_backward_through_parameter_nonlinearities(backend, options, leng
     fn = rnnc.compile(cell, backend=backend, **options)
     for group, got, want in directional_second_order(fn, _arguments(cell, 3, 2), lengths, 7):
         assert abs(got - want) <= 1e-6 * max(1.0, abs(want)), (group, got, want)
+
+
+@pytest.mark.parametrize("argument,value,message", [
+    ("g_params", {"lamb": np.ones(2)}, r"unknown g_params cotangent 'lamb'; expected names "
+                                       r"\['A_log', 'lam'\]"),
+    ("g_params", {"lam": np.ones(3)}, r"g_params cotangent 'lam' must have shape \(2,\), "
+                                      r"got \(3,\)"),
+    ("g_params", [np.ones(2)], "g_params cotangents must be a dict"),
+    ("g_x", {"y": np.ones((3, 2, 2))}, r"unknown g_x cotangent 'y'; expected names \['x'\]"),
+    ("g_x", {"x": np.ones((3, 1, 2))}, r"g_x cotangent 'x' must have shape \(3, 2, 2\)"),
+    ("g_states", {"c": np.ones((2, 2))}, r"unknown g_states cotangent 'c'"),
+    ("g_states", {"h": np.ones(2)}, r"g_states cotangent 'h' must have shape \(2, 2\)"),
+    ("d_outputs", {"z": np.ones((3, 2, 2))}, r"unknown output gradient 'z'"),
+    ("d_states", {"h": np.ones((2, 3))}, r"state gradient 'h' must have shape \(2, 2\)")],
+    ids=["g_params-unknown", "g_params-shape", "g_params-type", "g_x-unknown", "g_x-shape",
+         "g_states-unknown", "g_states-shape", "d_outputs-unknown", "d_states-shape"])
+def test_double_backward_refuses_unknown_names_and_wrong_shapes(argument, value, message
+                                                                ) -> None:
+    # A misspelled g_params key was a zero cotangent, a wrong shape a raw ValueError.
+    cell = _parameter_nonlinear_cell()
+    fn = rnnc.compile(cell)
+    z = _arguments(cell, 3, 2)
+    tape = fn.forward(z["x"]["x"], z["params"], states=z["states"])[2]
+    args = {"d_outputs": z["d_outputs"], "d_states": None, "g_x": None, "g_params": None,
+            "g_states": None, argument: value}
+    with pytest.raises(rnnc.RnncError, match=message):
+        fn.double_backward(tape, **args)
