@@ -172,8 +172,9 @@ def _cancelling_cell() -> rnnc.Cell:
     return c
 
 
-@pytest.mark.parametrize("make,backend", [(_rounding_cell, "numpy"), (_rounding_cell, "llvm"),
-                                          (_cancelling_cell, "numpy")],
+@pytest.mark.parametrize("make,backend", [
+    (_rounding_cell, "numpy"), pytest.param(_rounding_cell, "llvm", marks=pytest.mark.slow),
+    (_cancelling_cell, "numpy")],
                          ids=["rounding-numpy", "rounding-llvm", "cancel-numpy"])
 def test_check_names_float32_sensitivity_not_a_backend(make, backend: str) -> None:
     # Once, float32 runs were compared with the float64 oracle, and the difference blamed on

@@ -33,7 +33,9 @@ def _arguments(cell: rnnc.Cell, T: int, B: int) -> dict[str, dict[str, np.ndarra
 
 @pytest.mark.parametrize("backend,options,lengths", [
     ("numpy", {}, None), ("numpy", {}, np.array([3, 1])),
-    ("llvm", {"cache_dir": False}, None), ("cuda", {"emulate": True}, np.array([2, 3]))],
+    ("llvm", {"cache_dir": False}, None),
+    # Six g++ compiles, about 10 s.
+    pytest.param("cuda", {"emulate": True}, np.array([2, 3]), marks=pytest.mark.slow)],
     ids=["numpy", "numpy-lengths", "llvm", "cuda-emulate-lengths"])
 def test_double_backward_through_parameter_nonlinearities(backend, options, lengths) -> None:
     # Once, hoist-sequence made a loop constant of a per-step value without batch rows (a saved
