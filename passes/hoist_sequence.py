@@ -237,14 +237,13 @@ def _hoist(p: Program) -> Program:
 def _sinkable(body: Graph, s) -> tuple[set[int], dict[int, str]]:
     """Nodes to compute in ``post``, and each one's mode: "map" (per step) or "rows" (summed)."""
     carry_outs = {body.outputs[c.name] for c in s.carries}
-    # What a carry's next value needs stays in the loop, and so does what reads an unbatched
-    # sequence.
-    stays = set(carry_outs) | _reads_unbatched_steps(body, s)
+    # What reads an unbatched sequence stays in the loop, as what a carry needs does.
+    needed = set(carry_outs) | _reads_unbatched_steps(body, s)
     for o in carry_outs:
-        stays |= body.ancestors(o)
+        needed |= body.ancestors(o)
     mode: dict[int, str] = {}
     for node in body.nodes():
-        if node.id in stays or node.op in (ARG, FUSED, GET) or node.op.random:
+        if node.id in needed or node.op in (ARG, FUSED, GET) or node.op.random:
             continue
         if is_row_contraction(body, node.id):
             mode[node.id] = "rows"
