@@ -16,10 +16,10 @@ can be spread over processes or machines). A failure prints a shrunk reproducer
 Second order (tests/fuzz/second_order.py): the double backward against central differences of
 the first-order gradient, in float64. Default run: four cells on NumPy, two of which read a
 per-step sum over the batch rows in their backward's backward. ``pytest -m slow`` runs it on
-the same 5,000 cells on NumPy, with lengths every other cell (50 chunks of 100, about 1.5
-minutes each); on LLVM (with and without parallel-scan) every tenth of them (about 2 minutes
-per chunk: each cell compiles six programs) and on the CUDA emulation every fifth, six cells
-to a program.
+the same 5,000 cells on NumPy, with lengths every other cell (50 chunks of 100, about a minute
+each); on LLVM (with and without parallel-scan) every tenth of them (1 to 2 minutes per chunk:
+each cell compiles six programs) and on the CUDA emulation every fifth, six cells to a program
+(about 1.5 minutes per chunk).
 """
 
 from __future__ import annotations
