@@ -96,12 +96,25 @@ from rnnc.passes._rewrite import copy_node, downstream, env_names, is_row_contra
 ORIGIN = "hoist-sequence"
 
 
+def _reads_unbatched_steps(body: Graph, s: Scan) -> set[int]:
+    """Body nodes that read, directly or not, a sequence whose steps have no batch rows (a
+    second-order program reads per-step sums over the rows, saved as ``[T, n]``).
+
+    They stay in the loop: their shape has no leading ``B``, yet they change every step, and
+    before or after the loop their ``[T, n]`` values would not broadcast against ``[T, B, n]``
+    ones."""
+    args = body.args()
+    return downstream(body, {args[n] for n in s.seqs
+                             if n in args and not per_step(body.node(args[n]).shape)})
+
+
 def _loop_invariant(body: Graph, s: Scan) -> list[int]:
-    """Body nodes that read no carried value, in topological order, each reading only inputs,
-    constants and nodes before it in the list (a row contraction stays in the loop)."""
+    """Body nodes that read no carried value and no unbatched sequence, in topological order,
+    each reading only inputs, constants and nodes before it in the list (a row contraction
+    stays in the loop)."""
     args = body.args()
     carried = {args[c.name] for c in s.carries if c.name in args}
-    variant = body.depends_on(carried)
+    variant = body.depends_on(carried) | _reads_unbatched_steps(body, s)
     # What reads an input or a loop constant (no ancestors walk per node: chains may be long).
     reached = downstream(body, {args[n] for n in s.seqs + s.consts if n in args})
     movable: list[int] = []
@@ -224,7 +237,8 @@ def _hoist(p: Program) -> Program:
 def _sinkable(body: Graph, s) -> tuple[set[int], dict[int, str]]:
     """Nodes to compute in ``post``, and each one's mode: "map" (per step) or "rows" (summed)."""
     carry_outs = {body.outputs[c.name] for c in s.carries}
-    needed = set(carry_outs)
+    # What reads an unbatched sequence stays in the loop, as what a carry needs does.
+    needed = set(carry_outs) | _reads_unbatched_steps(body, s)
     for o in carry_outs:
         needed |= body.ancestors(o)
     mode: dict[int, str] = {}

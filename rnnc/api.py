@@ -22,6 +22,20 @@ from rnnc.names import MASK, final_state, gradient
 from rnnc.passes.autodiff import check_save_plans, save_plans
 from rnnc.printer import format_program
 
+SECOND_ORDER_CHECK = "second-order"  # check= (and RNNC_CHECK=) that adds double backward
+
+
+def _check_option(check: Any) -> bool | str:
+    """``check=`` checked: False, True or "second-order"; None reads ``RNNC_CHECK`` (unset,
+    empty or "0" is False, "second-order" adds second order, anything else is True)."""
+    if check is None:
+        value = os.environ.get("RNNC_CHECK", "").strip()
+        return SECOND_ORDER_CHECK if value == SECOND_ORDER_CHECK else value not in ("", "0")
+    if isinstance(check, bool) or check == SECOND_ORDER_CHECK:
+        return check
+    raise RnncValueError(f"check must be True, False or {SECOND_ORDER_CHECK!r} (which also "
+                         f"checks double backward), got {check!r}")
+
 
 class Function:
     """A cell compiled for one backend: inference, training forward and backward.
@@ -29,7 +43,7 @@ class Function:
     ``reverse=True`` runs the cell over t = T-1, ..., 0 (see :func:`compile`)."""
 
     def __init__(self, cell: Cell, backend: str = "numpy", *, optimize: bool = True,
-                 check: bool | None = None, reverse: bool = False,
+                 check: bool | str | None = None, reverse: bool = False,
                  parallel_scan: bool | None = None, **options: Any) -> None:
         if not isinstance(cell, Cell):
             raise RnncTypeError(f"compile() takes an rnnc.Cell, got {type(cell).__name__}")
@@ -64,12 +78,11 @@ class Function:
         self.layout = Layout(
             [b for b in prepared.meta.get("layout", ())] or Layout.identity(self.params).blocks,
             self.params)
-        if check is None:
-            check = os.environ.get("RNNC_CHECK", "").strip() not in ("", "0")
+        check = _check_option(check)
         if check and optimize:
             from rnnc.check import check_function
 
-            check_function(self)
+            check_function(self, second_order=check == SECOND_ORDER_CHECK)
 
     def _pipeline(self, mode: str, lengths: bool) -> tuple[str, ...]:
         names = passes.pipeline(mode, lengths, self.optimize)
@@ -321,15 +334,20 @@ class Function:
 
 
 def compile(cell: Cell, backend: str = "numpy", *, optimize: bool = True,  # noqa: A001
-            check: bool | None = None, reverse: bool = False, parallel_scan: bool | None = None,
-            **options: Any) -> Function:
+            check: bool | str | None = None, reverse: bool = False,
+            parallel_scan: bool | None = None, **options: Any) -> Function:
     """Compile ``cell`` for ``backend`` ("numpy", "llvm" or "cuda").
 
     ``optimize=False`` (NumPy backend only) interprets the traced program with no optimization
     passes: the oracle that the compiler is tested against. ``check=True`` (or the environment
     variable ``RNNC_CHECK=1``) runs the compiled function once on small random inputs against
-    that oracle, inference, training forward and backward, with and without lengths, and raises
-    :class:`rnnc.CheckError` naming the first pass whose output disagrees.
+    that oracle, inference, training forward and backward, with and without lengths, in float64
+    and float32 (each against the oracle in the same dtype), and raises
+    :class:`rnnc.CheckError` naming the first pass whose output disagrees (or the backend).
+    ``check="second-order"`` (or ``RNNC_CHECK=second-order``) also checks
+    :meth:`Function.double_backward`. A cell whose float32 results differ from float64 beyond
+    float32 rounding (a rounding trick, a cancellation) gets a :class:`rnnc.CheckWarning` that
+    says so, not an error.
 
     ``reverse=True`` runs the cell over t = T-1, ..., 0 (a layer's reverse direction), with
     inputs and outputs in their natural time order. With ``lengths`` each sequence starts at

@@ -40,3 +40,8 @@ class RnncRuntimeError(RnncError, RuntimeError):
 
 class RnncPicklingError(RnncError, pickle.PicklingError):
     """An object that cannot be pickled, such as a layer whose cell factory is a lambda."""
+
+
+class CheckWarning(UserWarning):
+    """``compile(..., check=True)`` found something that is not a fault: a cell whose float32
+    results differ from its float64 ones by more than float32 rounding of a few steps."""

@@ -94,8 +94,8 @@ def input_cotangents(inputs: Mapping[str, tuple], no_grad: tuple[str, ...], give
     if isinstance(given, Mapping):
         for name in no_grad:
             if given.get(name) is not None:
-                raise RnncValueError(f"input gradient cotangent {name!r} given, but "
+                raise RnncValueError(f"g_x cotangent {name!r} given, but "
                                      f"{no_gradient(name)}: leave it out")
         given = {n: v for n, v in given.items() if n not in no_grad}
     shapes = {n: ("T", "B", s[-1]) for n, s in inputs.items() if n not in no_grad}
-    return cotangents("input gradient cotangent", shapes, given, dtype, T, B)
+    return cotangents("g_x cotangent", shapes, given, dtype, T, B)

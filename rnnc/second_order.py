@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rnnc import validate
 from rnnc.errors import RnncValueError
 from rnnc.grads import NP, Grads, Tape, cotangent_env, cotangents, input_cotangents
 from rnnc.names import cotangent, final_state, gradient
@@ -43,10 +44,11 @@ def double_backward(fn: Function, tape: Tape, d_outputs: Mapping[str, Any] | Non
     dtype, T, B = tape.dtype, tape.T, tape.B
     d_out, d_st = fn._upstream(tape, d_outputs, d_states)
     u_x = input_cotangents(fn.inputs, fn.no_grad, g_x, dtype, T, B)
-    u_st = cotangents("state gradient cotangent", fn.states, g_states, dtype, T, B)
-    u_flat = fn.layout.pack({n: np.asarray(g_params[n]) if g_params and n in g_params
-                               else np.zeros(s, NP[dtype]) for n, s in fn.params.items()},
-                              NP[dtype])
+    u_st = cotangents("g_states cotangent", fn.states, g_states, dtype, T, B)
+    u_given = validate.named_arrays("g_params cotangent", fn.params, g_params, dtype,
+                                    None, False)
+    u_flat = fn.layout.pack({n: u_given.get(n, np.zeros(s, NP[dtype]))
+                             for n, s in fn.params.items()}, NP[dtype])
     if T == 0:  # backward passed d_states through: so does its derivative
         zero = fn._zero_grads(tape, {s: np.zeros_like(v) for s, v in d_st.items()})
         return ({n: np.zeros_like(v) for n, v in d_out.items()}, u_st, zero)

@@ -7,11 +7,14 @@ backend at fault.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 import rnnc
 from rnnc import backends as backend_registry
+from rnnc import check as rnnc_check
 from rnnc import ops, passes
 from rnnc.backends.numpy.runtime import NumpyBackend
 from rnnc.passes import canonicalize as canonicalize_module
@@ -146,3 +149,125 @@ def test_rnnc_check_environment_variable(monkeypatch) -> None:
         rnnc.compile(rnnc.cells.gru(3, 4), backend="faulty")
     monkeypatch.setenv("RNNC_CHECK", "0")
     rnnc.compile(rnnc.cells.gru(3, 4), backend="faulty")
+
+
+def _rounding_cell() -> rnnc.Cell:
+    """Rounds ``100 x`` to an integer in float32 (adding 2**23 leaves no fraction bits) and
+    keeps it in float64: float32 legitimately differs from float64."""
+    c = rnnc.Cell("rounding")
+    x, h = c.input("x", 3), c.state("h", 3)
+    c.update(h=rnnc.tanh(((x * 100.0 + 2.0**23) - 2.0**23) * 0.01 + h))
+    c.output("y", h)
+    return c
+
+
+def _cancelling_cell() -> rnnc.Cell:
+    """``(x + 1e4)**2 - 1e8 - 2e4 x`` is ``x**2``: in float32 the cancellation leaves O(1)
+    rounding errors, in float64 none that matter."""
+    c = rnnc.Cell("cancelling")
+    x, h = c.input("x", 3), c.state("h", 3)
+    big = x + 1e4
+    c.update(h=rnnc.tanh((big * big - 1e8 - 2e4 * x) + h))
+    c.output("y", h)
+    return c
+
+
+@pytest.mark.parametrize("make,backend", [
+    (_rounding_cell, "numpy"), pytest.param(_rounding_cell, "llvm", marks=pytest.mark.slow),
+    (_cancelling_cell, "numpy")],
+                         ids=["rounding-numpy", "rounding-llvm", "cancel-numpy"])
+def test_check_names_float32_sensitivity_not_a_backend(make, backend: str) -> None:
+    # Once, float32 runs were compared with the float64 oracle, and the difference blamed on
+    # the backend ("the fault is in the 'llvm' backend ... please report").
+    if backend == "llvm":
+        pytest.importorskip("llvmlite")
+    with pytest.warns(rnnc.CheckWarning, match="sensitive to float32 rounding") as caught:
+        rnnc.compile(make(), backend=backend, check=True)
+    assert "not a fault of rnnc" in str(caught[0].message)
+
+
+class _Float32Faulty(NumpyBackend):
+    """The NumPy backend with one wrong float32 result: a fault of float32 code alone."""
+
+    name = "faulty32"
+
+    def build(self, program):
+        run = super().build(program)
+        if program.dtype != "f32":
+            return run
+
+        def wrong(env, dims):
+            out = run(env, dims)
+            name = sorted(out)[0]
+            out[name] = out[name] + np.float32(0.01)
+            return out
+        return wrong
+
+
+def test_check_blames_the_backend_for_a_float32_fault(monkeypatch) -> None:
+    # Compared with the float32 oracle, a float32-only fault still counts as one.
+    real = backend_registry.get
+    monkeypatch.setattr(backend_registry, "get", lambda name, **o: _Float32Faulty()
+                        if name == "faulty32" else real(name, **o))
+    with pytest.raises(rnnc.CheckError, match=r"float32: .*'faulty32' backend"):
+        rnnc.compile(rnnc.cells.gru(3, 4), backend="faulty32", check=True)
+
+
+def _decay_cell() -> rnnc.Cell:
+    """A decay computed from a parameter alone (``exp``), as RG-LRU and Mamba cells do."""
+    c = rnnc.Cell("decay")
+    x, h = c.input("x", 3), c.state("h", 3)
+    c.update(h=rnnc.tanh(rnnc.exp(c.param("A_log", (3,))) * h + x @ c.param("W", (3, 3))))
+    c.output("y", h)
+    return c
+
+
+@pytest.mark.parametrize("backend", [
+    {"backend": "numpy"}, pytest.param({"backend": "llvm"}, marks=pytest.mark.slow),
+    pytest.param({"backend": "cuda", "emulate": True}, marks=pytest.mark.slow)],
+    ids=["numpy", "llvm", "cuda-emulate"])
+def test_check_second_order_passes_on_correct_code(backend: dict) -> None:
+    if backend["backend"] == "llvm":
+        pytest.importorskip("llvmlite")
+    rnnc.compile(_decay_cell(), check="second-order", **backend)
+
+
+def _scale_a_summed_gradient(hoist):
+    """hoist-sequence, then (in second-order programs only) a summed result doubled."""
+    def wrong(program):
+        program = hoist(program)
+        if len(passes.autodiff.save_plans(program)) < 2 or not program.scan.summed:
+            return program
+        body = program.scan.body.copy()
+        name = program.scan.summed[0]
+        two = body.add(ops.constant, (), {"value": 2.0})
+        body.outputs[name] = body.add(ops.mul, (body.outputs[name], two))
+        return dataclasses.replace(program, scan=dataclasses.replace(program.scan, body=body))
+    return wrong
+
+
+def test_check_second_order_names_the_faulty_pass(monkeypatch) -> None:
+    passes._load()
+    monkeypatch.setitem(passes.PASSES, "hoist-sequence",
+                        _scale_a_summed_gradient(passes.PASSES["hoist-sequence"]))
+    rnnc.compile(_decay_cell(), check=True)  # first order: untouched
+    passes.clear_cache()
+    with pytest.raises(rnnc.CheckError, match=r"second-order, float64: .* the first pass whose "
+                       r"output disagrees is 'hoist-sequence' \(in the forward.backward "
+                       r"pipeline\)"):
+        rnnc.compile(_decay_cell(), check="second-order")
+
+
+def test_check_option_values(monkeypatch) -> None:
+    seen = []
+    monkeypatch.setattr(rnnc_check, "check_function",
+                        lambda fn, second_order=False: seen.append(second_order))
+    rnnc.compile(_decay_cell(), check="second-order")
+    monkeypatch.setenv("RNNC_CHECK", "second-order")
+    rnnc.compile(_decay_cell())
+    monkeypatch.setenv("RNNC_CHECK", "1")
+    rnnc.compile(_decay_cell())
+    assert seen == [True, True, False]
+    with pytest.raises(rnnc.RnncValueError, match="check must be True, False or "
+                                                  "'second-order'.*got 'second'"):
+        rnnc.compile(_decay_cell(), check="second")
