@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -36,7 +35,7 @@ import llvmlite
 import llvmlite.binding as llvm
 from llvmlite.binding import ffi
 
-from rnnc import diskcache
+from rnnc import diskcache, process
 from rnnc.backends.llvm.codegen import env_shapes
 from rnnc.backends.llvm.context import ENTRY, Plan
 from rnnc.ir import Program
@@ -210,7 +209,7 @@ class CodeCache:
         self.limit = limit
         self.bytes = 0
         self._memory: OrderedDict[str, Compiled] = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = process.Lock()
         self._building: dict[str, _Build] = {}
 
     def path(self, k: str) -> Path | None:
@@ -292,7 +291,7 @@ class CodeCache:
 
 
 _CACHES: dict[Path | None, CodeCache] = {}
-_CACHES_LOCK = threading.Lock()
+_CACHES_LOCK = process.Lock()
 
 
 def code_cache(root: Path | None, limit: int | None = None) -> CodeCache:
@@ -326,15 +325,11 @@ def _after_fork_in_parent() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _CACHES_LOCK
     _after_fork_in_parent()
-    _CACHES_LOCK = threading.Lock()
     for found in _CACHES.values():
-        # Builds in flight belong to threads the child does not have.
-        found._lock = threading.Lock()
+        # Builds in flight belong to threads the child does not have (the locks are fresh).
         found._building = {}
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
-                        after_in_child=_after_fork_in_child)
+process.at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                after_in_child=_after_fork_in_child)
