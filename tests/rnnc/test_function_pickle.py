@@ -40,11 +40,12 @@ def _oracle(cell: rnnc.Cell, x: np.ndarray, params: dict, reverse: bool):
     return _run(fn, x.astype(np.float64), {k: v.astype(np.float64) for k, v in params.items()})
 
 
-BACKENDS = [("numpy", {}), ("llvm", {"threads": 1}), ("cuda", {"emulate": True})]
+CASES = [("numpy", {}, rnnc.cells.lstm), ("numpy", {}, leaky_cell),
+         ("llvm", {"threads": 1}, leaky_cell), ("cuda", {"emulate": True}, leaky_cell)]
 
 
-@pytest.mark.parametrize("backend,options", BACKENDS, ids=[b for b, _ in BACKENDS])
-@pytest.mark.parametrize("make", [rnnc.cells.lstm, leaky_cell])
+@pytest.mark.parametrize("backend,options,make", CASES,
+                         ids=[f"{b}-{m.__name__}" for b, _, m in CASES])
 def test_a_pickled_function_loads_and_gives_the_same_results(backend, options, make) -> None:
     if backend == "llvm":
         pytest.importorskip("llvmlite")
