@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from collections import OrderedDict
 
 import numpy as np
 import pytest
@@ -23,8 +24,7 @@ def _layer(in_size: int) -> rnnc.RNN:
 
 def test_the_layers_shared_functions_are_bounded(monkeypatch) -> None:
     monkeypatch.setattr(process, "LAYER_CACHE_FUNCTIONS", 3)
-    monkeypatch.setattr(layer_module, "_CACHE", layer_module._CACHE.copy())
-    layer_module._CACHE.clear()
+    monkeypatch.setattr(layer_module, "_CACHE", OrderedDict())
     first = weakref.ref(_layer(101).function(0))
     for in_size in range(102, 108):  # six more distinct layers, each dropped at once
         _layer(in_size)
@@ -35,7 +35,7 @@ def test_the_layers_shared_functions_are_bounded(monkeypatch) -> None:
 
 def test_a_layer_keeps_an_evicted_function_and_gives_the_same_results(monkeypatch) -> None:
     monkeypatch.setattr(process, "LAYER_CACHE_FUNCTIONS", 1)
-    monkeypatch.setattr(layer_module, "_CACHE", layer_module._CACHE.copy())
+    monkeypatch.setattr(layer_module, "_CACHE", OrderedDict())
     kept = _layer(201)
     x = np.sin(np.arange(4 * 2 * 201, dtype=np.float32)).reshape(4, 2, 201)
     before, _ = kept(x)
@@ -47,7 +47,7 @@ def test_a_layer_keeps_an_evicted_function_and_gives_the_same_results(monkeypatc
 
 def test_the_optimized_programs_are_bounded(monkeypatch) -> None:
     monkeypatch.setattr(passes, "CACHE_SIZE", 4)
-    monkeypatch.setattr(passes, "_CACHE", passes._CACHE.copy())
+    monkeypatch.setattr(passes, "_CACHE", OrderedDict())
     for k in range(6):
         cell = rnnc.cells.rnn(2 + k, 2)
         rnnc.compile(cell)(np.ones((1, 1, 2 + k), np.float32), cell.init_params(seed=0))
