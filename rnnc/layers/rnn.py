@@ -62,12 +62,13 @@ def _compiled(mode: str | CellFactory, cell: Cell, in_size: int, hidden: int, ba
     except TypeError:
         return compile_cell(cell, backend=backend, reverse=reverse, **options)
     with _CACHE_LOCK:
-        if key not in _CACHE:
-            _CACHE[key] = compile_cell(cell, backend=backend, reverse=reverse, **options)
-            while len(_CACHE) > process.LAYER_CACHE_FUNCTIONS:
-                _CACHE.popitem(last=False)
+        found = _CACHE.get(key)
+        if found is None:
+            found = _CACHE[key] = compile_cell(cell, backend=backend, reverse=reverse, **options)
         _CACHE.move_to_end(key)
-        return _CACHE[key]
+        while len(_CACHE) > process.LAYER_CACHE_FUNCTIONS:
+            _CACHE.popitem(last=False)
+        return found
 
 
 class RNN:

@@ -67,3 +67,10 @@ def test_a_dropped_function_is_freed(backend: str) -> None:
     del fn, tape
     gc.collect()
     assert dropped() is None
+
+
+def test_a_zero_bound_shares_nothing_and_layers_still_run(monkeypatch) -> None:
+    monkeypatch.setattr(process, "LAYER_CACHE_FUNCTIONS", 0)
+    monkeypatch.setattr(layer_module, "_CACHE", OrderedDict())
+    y, _ = _layer(5)(np.ones((2, 1, 5), np.float32))
+    assert y.shape == (2, 1, 3) and np.isfinite(y).all() and not layer_module._CACHE
