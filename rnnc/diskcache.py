@@ -351,12 +351,9 @@ def _touch(path: Path) -> None:
 def trim(directory: Path, bound: int, keep: Path | None = None) -> int:
     """Delete the least recently used entries of ``directory`` (by modification time: written
     or read) until their total size is at most ``bound`` bytes; never ``keep``, the entry
-    just written. Returns the number deleted. Only entries rnnc wrote here count and go: a
-    file is deleted only once its MAC under the directory's secret is checked, so another
-    program's ``*.entry`` files, the secret and temporary files are left alone."""
-    secret = _secret(directory)
-    if secret is None:
-        return 0
+    just written. Returns the number deleted. Only rnnc's entries count (a key's name and
+    rnnc's header), and a file goes only once its MAC under the directory's secret checks:
+    another program's ``*.entry`` files, the secret and temporary files are left alone."""
     entries = []
     try:
         with os.scandir(directory) as found:
@@ -367,23 +364,33 @@ def trim(directory: Path, bound: int, keep: Path | None = None) -> int:
                     entries.append((info.st_mtime_ns, info.st_size, Path(item.path)))
     except OSError:
         return 0
-    total = sum(size for _, size, _ in entries)
-    deleted = 0
+    if sum(size for _, size, _ in entries) <= bound:  # the usual case: nothing more to read
+        return 0
+    secret = _secret(directory)
+    entries = [e for e in entries if _header(e[2]) == MAGIC]
+    total, deleted = sum(size for _, size, _ in entries), 0
     for _, size, path in sorted(entries, key=lambda e: e[0]):
-        if total <= bound:
+        if total <= bound or secret is None:
             break
         if keep is not None and path == keep:
             continue
-        total -= size  # counted no longer: deleted, or not rnnc's
+        total -= size  # counted no longer: deleted, or found not to be rnnc's
         if _written_by_rnnc(path, secret):
             discard(path)
             deleted += 1
     return deleted
 
 
+def _header(path: Path) -> bytes:
+    try:
+        with open(path, "rb") as file:
+            return file.read(len(MAGIC))
+    except OSError:
+        return b""
+
+
 def _written_by_rnnc(path: Path, secret: bytes) -> bool:
-    """Whether ``path`` is an entry that rnnc wrote under ``secret`` (its MAC checks out);
-    nothing is deleted here, whatever the file is."""
+    """Whether ``path`` is an entry that rnnc wrote under ``secret`` (its MAC checks)."""
     read = _read_regular(path, MAX_ENTRY_BYTES, discard_bad=False)
     if read is None or len(read[0]) < len(MAGIC) + _MAC_BYTES or not read[0].startswith(MAGIC):
         return False

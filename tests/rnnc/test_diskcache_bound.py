@@ -100,3 +100,13 @@ def test_trimming_deletes_only_entries_rnnc_wrote(tmp_path, monkeypatch) -> None
     newest = _store(cache, 2, 1000)
     assert all((tmp_path / name).read_bytes() == data for name, data in foreign.items())
     assert newest.exists() and not any(p.exists() for p in mine)
+
+
+def test_other_programs_files_do_not_count_against_the_bound(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("RNNC_DISK_CACHE_MB", str(5000 / 2**20))  # room for rnnc's two entries
+    cache = diskcache.DiskCache(tmp_path, "test")
+    first = _store(cache, 0, 1000)
+    (tmp_path / f"{9:016x}.entry").write_bytes(bytes(1 << 20))  # newer, large, not rnnc's
+    second = _store(cache, 1, 1000)
+    assert first.exists() and second.exists()
+    assert (tmp_path / f"{9:016x}.entry").stat().st_size == 1 << 20
