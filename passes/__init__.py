@@ -7,11 +7,11 @@ IR after every pass and timing the passes are callbacks.
 from __future__ import annotations
 
 import importlib
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
+from rnnc import process
 from rnnc.errors import RnncValueError
 from rnnc.ir import Program, verify
 
@@ -112,8 +112,8 @@ def run(program: Program, names: Iterable[str], callback: Callback | None = None
 
 
 _CACHE: OrderedDict[tuple, Program] = OrderedDict()
-_CACHE_LOCK = threading.Lock()
-CACHE_SIZE = 128  # programs kept, least recently used first out
+_CACHE_LOCK = process.Lock()
+CACHE_SIZE = process.PASS_CACHE_PROGRAMS  # programs kept, least recently used first out
 
 
 def run_cached(identity: str, program: Program, names: tuple[str, ...]) -> Program:

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import os
-import threading
+import pickle
 from collections.abc import Mapping
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 
-from rnnc import backends, passes, philox, second_order, validate
+from rnnc import backends, passes, philox, process, second_order, validate
 from rnnc.device import Device, device_of, device_params, is_device
 from rnnc.dsl import Cell
 from rnnc.dsl_random import draws_masks
-from rnnc.errors import RnncTypeError, RnncValueError
+from rnnc.errors import RnncPicklingError, RnncTypeError, RnncValueError
 from rnnc.grads import NP, Grads, InputGrads, Tape, cotangent_env, cotangents
 from rnnc.ir import Program, retype
 from rnnc.layout import Layout
@@ -60,13 +60,14 @@ class Function:
         self.reverse = reverse
         validate.backend_options(backend, options)
         self.backend = backends.get(backend, **options)
+        self._spec = (backend, dict(options))  # what a pickled function is rebuilt from
         # parallel-scan where the backend's linear_scan beats its loop, unless told otherwise
         self.parallel_scan = (getattr(self.backend, "parallel_scan", True)
                               if parallel_scan is None else parallel_scan)
         self._base = cell.program(reverse=reverse)
         self._programs: dict[tuple[str, str, bool], Program] = {}
         self._runners: dict[tuple[str, str, bool], Any] = {}
-        self._lock = threading.Lock()
+        self._lock = process.Lock()
         self.inputs = cell.sizes("input")
         self.no_grad = tuple(n for n in self.inputs if n in cell.no_grad)  # grad=False inputs
         self.states = cell.sizes("state")
@@ -83,6 +84,25 @@ class Function:
             from rnnc.check import check_function
 
             check_function(self, second_order=check == SECOND_ORDER_CHECK)
+
+    # -- pickling: native code is not pickled; a loaded function builds it on first use
+    def __getstate__(self) -> dict[str, Any]:
+        try:
+            pickle.dumps(self.cell)
+        except Exception as err:  # noqa: BLE001 - pickle raises several kinds for one cause
+            raise RnncPicklingError(
+                f"cannot pickle the compiled function of cell {self.cell.name!r}: its cell does "
+                f"not pickle ({err}); give c.param(init=...) a module-level function or a "
+                f"number, not a lambda or a function defined inside another one") from err
+        backend, options = self._spec
+        return {"cell": self.cell, "backend": backend, "options": options,
+                "optimize": self.optimize, "reverse": self.reverse,
+                "parallel_scan": self.parallel_scan}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["cell"], state["backend"], optimize=state["optimize"], check=False,
+                      reverse=state["reverse"], parallel_scan=state["parallel_scan"],
+                      **state["options"])
 
     def _pipeline(self, mode: str, lengths: bool) -> tuple[str, ...]:
         names = passes.pipeline(mode, lengths, self.optimize)

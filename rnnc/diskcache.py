@@ -39,9 +39,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rnnc import process
+
 MAX_ENTRY_BYTES = 64 << 20  # larger entries are neither written nor read
 # The default bound of one cache directory's entries, in MiB ($RNNC_DISK_CACHE_MB overrides).
-DISK_CACHE_MB = 2048
+DISK_CACHE_MB = process.DISK_CACHE_MB
 MAGIC = b"RNNC-CACHE-ENTRY-2\n"
 SUFFIX = ".entry"
 SECRET_NAME = ".rnnc-secret"
@@ -113,19 +115,23 @@ def read_file(path: Path, limit: int | None = None) -> bytes | None:
     return None if read is None else read[0]
 
 
-def _read_regular(path: Path, limit: int) -> tuple[bytes, os.stat_result] | None:
+def _read_regular(path: Path, limit: int, discard_bad: bool = True
+                  ) -> tuple[bytes, os.stat_result] | None:
+    """The bytes and status of the regular file ``path`` of this user, at most ``limit``
+    bytes; None otherwise (anything else found there discarded if ``discard_bad``)."""
+    bad = discard if discard_bad else (lambda path: None)
     try:
         fd = os.open(path, _OPEN_FLAGS)
     except FileNotFoundError:
         return None
     except OSError:  # a symlink (ELOOP), a directory, no permission
-        discard(path)
+        bad(path)
         return None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_size > limit or \
                 (hasattr(os, "geteuid") and info.st_uid != os.geteuid()):
-            discard(path)
+            bad(path)
             return None
         chunks, size = [], 0
         while True:
@@ -135,10 +141,10 @@ def _read_regular(path: Path, limit: int) -> tuple[bytes, os.stat_result] | None
             chunks.append(chunk)
             size += len(chunk)
             if size > limit:  # it grew while being read
-                discard(path)
+                bad(path)
                 return None
     except OSError:
-        discard(path)
+        bad(path)
         return None
     finally:
         os.close(fd)
@@ -330,20 +336,9 @@ class DiskCache:
 
 def disk_bound() -> int:
     """The bound of one cache directory's entries in bytes: ``$RNNC_DISK_CACHE_MB`` (MiB, a
-    number >= 0) or :data:`DISK_CACHE_MB`; a malformed value warns once and is ignored."""
-    value = os.environ.get("RNNC_DISK_CACHE_MB", "").strip()
-    if value:
-        try:
-            mib = float(value)
-            if mib >= 0 and mib == mib:
-                return int(mib * (1 << 20))
-        except ValueError:
-            pass
-        if "RNNC_DISK_CACHE_MB" not in _warned:
-            _warned.add("RNNC_DISK_CACHE_MB")
-            warnings.warn(f"RNNC_DISK_CACHE_MB={value!r} is not a number of MiB >= 0; using "
-                          f"the default {DISK_CACHE_MB}", CacheWarning, stacklevel=3)
-    return DISK_CACHE_MB << 20
+    finite number >= 0) or :data:`DISK_CACHE_MB`; any other value (``inf``, ``nan``, ``-1``,
+    ``lots``) warns once and is ignored, so that a store still never raises."""
+    return int(process.env_mib("RNNC_DISK_CACHE_MB", DISK_CACHE_MB, CacheWarning) * (1 << 20))
 
 
 def _touch(path: Path) -> None:
@@ -357,25 +352,48 @@ def _touch(path: Path) -> None:
 def trim(directory: Path, bound: int, keep: Path | None = None) -> int:
     """Delete the least recently used entries of ``directory`` (by modification time: written
     or read) until their total size is at most ``bound`` bytes; never ``keep``, the entry
-    just written. Returns the number deleted. Entries only: the secret and temporary files
-    are left alone."""
+    just written. Returns the number deleted. Only rnnc's entries count (a key's name and
+    rnnc's header), and a file goes only once its MAC under the directory's secret checks:
+    another program's ``*.entry`` files, the secret and temporary files are left alone."""
     entries = []
     try:
         with os.scandir(directory) as found:
             for item in found:
-                if item.name.endswith(SUFFIX) and item.is_file(follow_symlinks=False):
+                if item.name.endswith(SUFFIX) and _KEY.fullmatch(item.name[:-len(SUFFIX)]) \
+                        and item.is_file(follow_symlinks=False):
                     info = item.stat(follow_symlinks=False)
                     entries.append((info.st_mtime_ns, info.st_size, Path(item.path)))
     except OSError:
         return 0
-    total = sum(size for _, size, _ in entries)
-    deleted = 0
+    if sum(size for _, size, _ in entries) <= bound:  # the usual case: nothing more to read
+        return 0
+    secret = _secret(directory)
+    entries = [e for e in entries if _header(e[2]) == MAGIC]
+    total, deleted = sum(size for _, size, _ in entries), 0
     for _, size, path in sorted(entries, key=lambda e: e[0]):
-        if total <= bound:
+        if total <= bound or secret is None:
             break
         if keep is not None and path == keep:
             continue
-        discard(path)
-        total -= size
-        deleted += 1
+        total -= size  # counted no longer: deleted, or found not to be rnnc's
+        if _written_by_rnnc(path, secret):
+            discard(path)
+            deleted += 1
     return deleted
+
+
+def _header(path: Path) -> bytes:
+    try:
+        with open(path, "rb") as file:
+            return file.read(len(MAGIC))
+    except OSError:
+        return b""
+
+
+def _written_by_rnnc(path: Path, secret: bytes) -> bool:
+    """Whether ``path`` is an entry that rnnc wrote under ``secret`` (its MAC checks)."""
+    read = _read_regular(path, MAX_ENTRY_BYTES, discard_bad=False)
+    if read is None or len(read[0]) < len(MAGIC) + _MAC_BYTES or not read[0].startswith(MAGIC):
+        return False
+    body, mac = read[0][:-_MAC_BYTES], read[0][-_MAC_BYTES:]
+    return hmac.compare_digest(hmac.new(secret, body, hashlib.sha256).digest(), mac)

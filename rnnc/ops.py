@@ -81,6 +81,11 @@ class Op:
     def __repr__(self) -> str:
         return f"Op({self.name})"
 
+    def __reduce__(self) -> tuple[Callable[[str], Op], tuple[str]]:
+        # An op is one object per name whose rules are functions and lambdas: pickle the name,
+        # so that cells and programs pickle and load with the process's own op.
+        return op_named, (self.name,)
+
 
 REGISTRY: dict[str, Op] = {}
 
@@ -89,6 +94,15 @@ def _register(op: Op) -> Op:
     assert op.name not in REGISTRY, op.name
     REGISTRY[op.name] = op
     return op
+
+
+def op_named(name: str) -> Op:
+    """The op called ``name``: a primitive, or one of the IR's structural ops (arg, get, fused)."""
+    if name in REGISTRY:
+        return REGISTRY[name]
+    from rnnc import ir
+
+    return ir.STRUCTURAL[name]
 
 
 def fmt_shape(shape: Shape) -> str:

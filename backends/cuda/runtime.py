@@ -46,12 +46,12 @@ Where a module has barrier kernels, emulation loads it through :mod:`.mixed`.
 from __future__ import annotations
 
 import hashlib
-import threading
 from collections.abc import Hashable, Mapping
 from typing import Any
 
 import numpy as np
 
+from rnnc import process
 from rnnc.backends.cuda import autotune
 from rnnc.backends.cuda import precision as precision_module
 from rnnc.backends.cuda.codegen import Module, render
@@ -180,8 +180,9 @@ class Runner:
         self.fingerprint = hashlib.sha256(kernels.encode()).hexdigest()
         self.plans = Plans()
         self.transfers = {"to_device": 0, "to_host": 0}
-        # One call at a time: a plan's buffers serve every call of its shape.
-        self._lock = threading.Lock()
+        # One call at a time: a plan's buffers serve every call of its shape. A forked child
+        # finds it released (rnnc.process), whatever call was in flight in the parent.
+        self._lock = process.Lock()
         self._stream: Any = None
 
     # -- the API's entry points

@@ -14,17 +14,20 @@ In memory, loaded code is kept in a least-recently-used map bounded by bytes
 (:data:`DEFAULT_MEMORY_BYTES`). Eviction drops only the cache's reference: a runner holds its
 own, so an engine is freed once nothing can call it.
 
+Each module is optimized and emitted in a forked child where possible (:mod:`.isolated`), so
+that the memory LLVM's pipeline keeps does not pile up in the process.
+
 Compiling never holds the cache's lock: a second thread asking for the same key waits for the
-first one's result, and other keys compile meanwhile. A forked child gets fresh locks, and
-``fork()`` waits for llvmlite's current call (llvmlite serialises every LLVM call under one
-lock), so a child forked while another thread compiles finds LLVM idle and compiles itself.
+first one's result, and other keys compile meanwhile. A forked child gets fresh locks
+(:mod:`rnnc.process`), and ``fork()`` waits for llvmlite's current call (llvmlite serialises
+every LLVM call under one lock), so a child forked while another thread compiles finds LLVM
+idle and compiles itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -36,12 +39,13 @@ import llvmlite
 import llvmlite.binding as llvm
 from llvmlite.binding import ffi
 
-from rnnc import diskcache
+from rnnc import diskcache, process
+from rnnc.backends.llvm import isolated
 from rnnc.backends.llvm.codegen import env_shapes
 from rnnc.backends.llvm.context import ENTRY, Plan
 from rnnc.ir import Program
 
-DEFAULT_MEMORY_BYTES = 256 << 20
+DEFAULT_MEMORY_BYTES = process.CODE_CACHE_MB << 20
 # What one loaded MCJIT engine costs besides its object code (measured: 30 to 60 KiB).
 ENGINE_BYTES = 64 << 10
 _MAX_DIM = 1 << 40
@@ -123,7 +127,15 @@ def optimize(text: str, context: llvm.ContextRef | None = None) -> llvm.ModuleRe
 
 
 def compile_ir(text: str) -> bytes:
-    """Host object code for LLVM IR ``text``."""
+    """Host object code for LLVM IR ``text``, compiled in a forked child where possible: the
+    memory LLVM's optimization pipeline keeps goes away with the child (:mod:`.isolated`)."""
+    target_machine()  # made once, here: every child inherits it
+    obj = isolated.run(compile_here, text)
+    return obj if obj is not None else compile_here(text)
+
+
+def compile_here(text: str) -> bytes:
+    """Host object code for LLVM IR ``text``, compiled in this process."""
     # A context of its own: what LLVM interns while compiling (types, constants) is freed
     # with the module instead of piling up in the global context.
     return target_machine().emit_object(optimize(text, llvm.create_context()))
@@ -210,7 +222,7 @@ class CodeCache:
         self.limit = limit
         self.bytes = 0
         self._memory: OrderedDict[str, Compiled] = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = process.Lock()
         self._building: dict[str, _Build] = {}
 
     def path(self, k: str) -> Path | None:
@@ -292,7 +304,7 @@ class CodeCache:
 
 
 _CACHES: dict[Path | None, CodeCache] = {}
-_CACHES_LOCK = threading.Lock()
+_CACHES_LOCK = process.Lock()
 
 
 def code_cache(root: Path | None, limit: int | None = None) -> CodeCache:
@@ -326,15 +338,11 @@ def _after_fork_in_parent() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _CACHES_LOCK
     _after_fork_in_parent()
-    _CACHES_LOCK = threading.Lock()
     for found in _CACHES.values():
-        # Builds in flight belong to threads the child does not have.
-        found._lock = threading.Lock()
+        # Builds in flight belong to threads the child does not have (the locks are fresh).
         found._building = {}
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
-                        after_in_child=_after_fork_in_child)
+process.at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                after_in_child=_after_fork_in_child)

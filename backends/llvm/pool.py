@@ -13,7 +13,6 @@ never wait on a team that cannot fill up. A forked child starts with no workers.
 from __future__ import annotations
 
 import ctypes
-import os
 import queue
 import threading
 from collections.abc import Callable
@@ -21,14 +20,15 @@ from functools import cache
 
 import numpy as np
 
+from rnnc import process
 from rnnc.backends.llvm.team import SIZE, SLEEP, STATE_WORDS, YIELD
 
 SIGNATURE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
 
 _workers: list[_Worker] = []
-_pool_lock = threading.Lock()
-_team_lock = threading.Lock()
+_pool_lock = process.Lock()
+_team_lock = process.Lock()
 
 
 class _Worker(threading.Thread):
@@ -107,11 +107,5 @@ def _wait(done: queue.SimpleQueue, count: int) -> None:
         raise interrupted
 
 
-def _after_fork_in_child() -> None:
-    global _pool_lock, _team_lock
-    _workers.clear()
-    _pool_lock, _team_lock = threading.Lock(), threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+# The child has none of the parent's threads (its locks are fresh: rnnc.process).
+process.at_fork(after_in_child=_workers.clear)

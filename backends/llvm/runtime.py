@@ -35,7 +35,6 @@ import math
 import os
 import threading
 import time
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -43,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from rnnc import diskcache
+from rnnc import diskcache, process
 from rnnc.backends.llvm import autotune, cache, codegen, gemm, pool, scan_chunks, split
 from rnnc.backends.llvm import blas as blas_lib
 from rnnc.backends.llvm.context import Plan
@@ -78,8 +77,7 @@ SCAN_CHUNK_MIN_WORK = 1 << 23
 # How a team may split a gated cell's step (the ``team_split`` option).
 TEAM_SPLITS = ("columns", "units")
 _threads_set: dict[str, int] = {}
-_threads_lock = threading.Lock()
-_runners: weakref.WeakSet[Runner] = weakref.WeakSet()
+_threads_lock = process.Lock()
 
 
 def _cores() -> int:
@@ -104,13 +102,13 @@ class Runner:
         # split.scan_work: the linear_scan nodes' features, all and the narrowest.
         self.scan_work, self.scan_width = scans
         self._team: tuple[cache.Compiled, Any] | None = None
-        self._team_lock = threading.Lock()
+        self._team_lock = process.Lock()
         self.tuning_dir = tuning_dir
         self.plan = compiled.plan
         self.dtype = np.dtype(NUMPY_DTYPES[dtype])
         self.libraries = {b.name: b for b in libraries}
         self._tables: dict[tuple[int, int, int], np.ndarray] = {}
-        self._tables_lock = threading.Lock()
+        self._tables_lock = process.Lock()
         self.function = _SIGNATURE(compiled.address)
         self.compile_seconds = compile_seconds
         self._local = threading.local()
@@ -119,7 +117,6 @@ class Runner:
         shapes = [s for _, s in self.plan.args + self.plan.results] + list(self.plan.slots)
         self._widest = max([int(np.prod([d for d in s[:-1] if isinstance(d, int)],
                                         dtype=np.int64)) for s in shapes] + [1])
-        _runners.add(self)
 
     def gemm_choice(self, T: int, B: int, plan: Plan | None = None) -> list[str]:
         """What each GEMM site of ``plan`` (default: the one-thread build's) uses at (T, B),
@@ -359,15 +356,3 @@ def _memory_bound(code_cache_mb: float | None) -> int | None:
                              f"in memory), got {shown!r}")
     return int(value * (1 << 20))
 
-
-def _after_fork_in_child() -> None:
-    # A thread of the parent may have held these (setting BLAS threads, measuring GEMMs).
-    global _threads_lock
-    _threads_lock = threading.Lock()
-    for runner in list(_runners):
-        runner._tables_lock = threading.Lock()
-        runner._team_lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)

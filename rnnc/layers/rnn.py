@@ -9,13 +9,13 @@ import ``rnnc.interop.layer_weights`` when called, so that ``import rnnc`` never
 from __future__ import annotations
 
 import copy
-import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from rnnc import cells
+from rnnc import cells, process
 from rnnc.api import Function
 from rnnc.api import compile as compile_cell
 from rnnc.dsl import Cell
@@ -26,8 +26,10 @@ from rnnc.layers.checks import CellFactory, Grid, check_dropout
 from rnnc.layers.run import LayerTape, Result, run
 
 _AUTO_BACKEND: str | None = None
-_CACHE: dict[tuple, Function] = {}
-_CACHE_LOCK = threading.Lock()
+# Standard cells' compiled functions shared by layers, least recently used first out: a layer
+# keeps its own references, so an evicted function lives on for as long as a layer uses it.
+_CACHE: OrderedDict[tuple, Function] = OrderedDict()
+_CACHE_LOCK = process.Lock()
 
 
 def fastest_backend() -> str:
@@ -60,9 +62,13 @@ def _compiled(mode: str | CellFactory, cell: Cell, in_size: int, hidden: int, ba
     except TypeError:
         return compile_cell(cell, backend=backend, reverse=reverse, **options)
     with _CACHE_LOCK:
-        if key not in _CACHE:
-            _CACHE[key] = compile_cell(cell, backend=backend, reverse=reverse, **options)
-        return _CACHE[key]
+        found = _CACHE.get(key)
+        if found is None:
+            found = _CACHE[key] = compile_cell(cell, backend=backend, reverse=reverse, **options)
+        _CACHE.move_to_end(key)
+        while len(_CACHE) > process.LAYER_CACHE_FUNCTIONS:
+            _CACHE.popitem(last=False)
+        return found
 
 
 class RNN:

@@ -3,12 +3,14 @@ written and files that are not entries never do, and a bad bound is a warning.""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 from pathlib import Path
 
 import pytest
 
-from rnnc import diskcache
+from rnnc import diskcache, process
 
 
 def _store(cache: diskcache.DiskCache, k: int, size: int) -> Path:
@@ -57,9 +59,54 @@ def test_other_files_are_left_alone(tmp_path) -> None:
     assert (tmp_path / "notes.txt").exists() and (tmp_path / ".x.entry.123.tmp").exists()
 
 
-@pytest.mark.parametrize("value", ["lots", "-1", "nan"])
+@pytest.mark.parametrize("value", ["lots", "-1", "nan", "inf", "1e400", "-inf"])
 def test_a_bad_bound_warns_and_keeps_the_default(monkeypatch, value: str) -> None:
     monkeypatch.setenv("RNNC_DISK_CACHE_MB", value)
-    monkeypatch.setattr(diskcache, "_warned", set())
+    monkeypatch.setattr(process, "_warned", set())
     with pytest.warns(diskcache.CacheWarning, match="RNNC_DISK_CACHE_MB"):
         assert diskcache.disk_bound() == diskcache.DISK_CACHE_MB << 20
+
+
+@pytest.mark.parametrize("value", ["inf", "1e400", "nan", "-5", "many"])
+def test_a_store_under_a_bad_bound_never_raises(tmp_path, monkeypatch, value: str) -> None:
+    monkeypatch.setenv("RNNC_DISK_CACHE_MB", value)
+    monkeypatch.setattr(process, "_warned", set())
+    cache = diskcache.DiskCache(tmp_path, "test")
+    with pytest.warns(diskcache.CacheWarning, match="RNNC_DISK_CACHE_MB"):
+        path = _store(cache, 0, 1000)
+    assert cache.load(f"{0:016x}", "fp").payload == bytes(1000) and path.exists()
+
+
+def test_a_huge_finite_bound_keeps_everything(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("RNNC_DISK_CACHE_MB", "1e300")
+    cache = diskcache.DiskCache(tmp_path, "test")
+    paths = [_store(cache, k, 1000) for k in range(3)]
+    assert all(p.exists() for p in paths)
+
+
+def test_trimming_deletes_only_entries_rnnc_wrote(tmp_path, monkeypatch) -> None:
+    cache = diskcache.DiskCache(tmp_path, "test")
+    mine = [_store(cache, k, 1000) for k in range(2)]
+    # Other programs' files that look like entries: a name that is no rnnc key, a key-shaped
+    # name with rnnc's header but no valid MAC, and one with a MAC under another secret.
+    foreign = {"notes.entry": bytes(5000),
+               f"{7:016x}.entry": diskcache.MAGIC + bytes(5000),
+               f"{8:016x}.entry": diskcache.MAGIC + bytes(100) + hmac.new(
+                   b"another secret", diskcache.MAGIC + bytes(100), hashlib.sha256).digest()}
+    for name, data in foreign.items():
+        (tmp_path / name).write_bytes(data)
+        _age(tmp_path / name, 1000)  # older than rnnc's: first in line
+    monkeypatch.setenv("RNNC_DISK_CACHE_MB", "0")
+    newest = _store(cache, 2, 1000)
+    assert all((tmp_path / name).read_bytes() == data for name, data in foreign.items())
+    assert newest.exists() and not any(p.exists() for p in mine)
+
+
+def test_other_programs_files_do_not_count_against_the_bound(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("RNNC_DISK_CACHE_MB", str(5000 / 2**20))  # room for rnnc's two entries
+    cache = diskcache.DiskCache(tmp_path, "test")
+    first = _store(cache, 0, 1000)
+    (tmp_path / f"{9:016x}.entry").write_bytes(bytes(1 << 20))  # newer, large, not rnnc's
+    second = _store(cache, 1, 1000)
+    assert first.exists() and second.exists()
+    assert (tmp_path / f"{9:016x}.entry").stat().st_size == 1 << 20
