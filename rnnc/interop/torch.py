@@ -98,7 +98,9 @@ class RNN(nn.Module):
 
     ``mode`` is ``"rnn_tanh"``, ``"rnn_relu"``, ``"lstm"``, ``"gru"`` (or torch's spelling
     ``"LSTM"``, ``"RNN_TANH"``, ...) or an rnnc cell factory. ``backend`` is the rnnc backend
-    (``None``: the fastest available); ``backend_options`` go to ``rnnc.compile``. Dropout
+    (``None``, the default: llvm where it works here, else numpy, as in ``rnnc.compile``; CUDA
+    tensors are then copied through the host, and stay on the GPU with ``backend="cuda"``);
+    ``backend_options`` go to ``rnnc.compile``. Dropout
     between layers draws from torch's random generator, so ``torch.manual_seed`` fixes it, and
     so does a cell that draws its own masks (``rnnc.bernoulli``): each forward draws its seed.
     """
