@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from rnnc import dsl_random, ops
+from rnnc import dsl_numpy, dsl_random, ops
 from rnnc.dsl_checks import check_allocatable, check_name, check_size
 from rnnc.dsl_docs import DOCS
 from rnnc.errors import CellError, RnncTypeError, RnncValueError, ShapeError
@@ -19,7 +19,7 @@ from rnnc.names import Role, final_state
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _INTERNAL = {os.path.join(_HERE, f) for f in ("dsl.py", "dsl_random.py", "ops.py", "ir.py",
-                                              "composites.py")}
+                                              "composites.py", "dsl_numpy.py")}
 
 Init = Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]
 
@@ -133,6 +133,14 @@ class Value:
 
     def __array__(self, *a, **k):
         raise RnncTypeError("a traced rnnc value cannot become a NumPy array")
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        """``array * value`` runs the operator; ``np.tanh(value)`` says to use rnnc.tanh."""
+        return dsl_numpy.array_ufunc(ufunc, method, inputs, kwargs, _user_location())
+
+    def __array_function__(self, func, types, args, kwargs):
+        """``np.concatenate([...])`` and the like: an error naming rnnc's function."""
+        raise dsl_numpy.refuse(func.__name__, _user_location())
 
 
 class Transposed:

@@ -262,7 +262,9 @@ class RNN(nn.Module):
             raise RnncValueError(f"{name}: Expected input to be 2D or 3D, got {x.dim()}D instead")
         dtype = self._flat_parameters()[0].dtype
         if x.dtype != dtype:
-            raise RnncValueError(f"input dtype ({x.dtype}) does not match weight dtype ({dtype})")
+            raise RnncValueError(f"{name} input dtype ({x.dtype}) does not match weight dtype "
+                                 f"({dtype}). Convert input: input.to({dtype}), or convert "
+                                 f"model: model.to({x.dtype})")
         if x.shape[-1] != self.input_size:
             raise RnncRuntimeError(f"input.size(-1) must be equal to input_size. Expected "
                                    f"{self.input_size}, got {x.shape[-1]}")
