@@ -239,7 +239,8 @@ class Cell:
         return Value(self, nid)
 
     def state(self, name: str, size: int) -> Value:
-        """A carried state ``(B, size)``: its value at step t-1."""
+        """A carried state ``(B, size)``: its value at step t-1. The order of the ``state``
+        calls is the order of an ``hx`` tuple given to ``rnnc.torch.RNN`` (docs/porting.md)."""
         self._declare(name, "state")
         nid = self.graph.arg(name, ("B", check_size(size, f"state {name!r}")), "carry")
         self.states[name] = nid
@@ -247,7 +248,9 @@ class Cell:
 
     def param(self, name: str, shape: int | tuple[int, ...], init: Init | float | None = None
               ) -> Value:
-        """A parameter of ``shape`` (a vector ``(n,)`` or a matrix ``(k, n)``)."""
+        """A parameter of ``shape`` (a vector ``(n,)`` or a matrix ``(k, n)``, read as
+        ``x @ W``: the transpose of an ``nn.Linear`` weight). ``rnnc.torch.RNN`` registers it
+        as ``{name}_l{k}`` (``{name}_l{k}_reverse`` for a reverse direction)."""
         self._declare(name, "parameter")
         shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
         if len(shape) not in (1, 2):

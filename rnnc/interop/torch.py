@@ -324,8 +324,10 @@ class RNN(nn.Module):
                 extra: dict[str, Any] | None = None) -> tuple[Any, Any]:
         """Run the layers: ``(output, h_n)`` or ``(output, (h_n, c_n))`` as torch does.
 
-        ``extra`` holds the cell's extra inputs by name, each laid out like the input
-        (padded, or a ``PackedSequence`` like it, when the input is packed)."""
+        For a custom cell, ``hx`` is a tuple in the order of the cell's ``c.state`` calls or a
+        dict by state name, and the final states come back as a dict by name. ``extra`` holds
+        the cell's extra inputs by name, each laid out like the input (padded, or a
+        ``PackedSequence`` like it, when the input is packed)."""
         packed = isinstance(input, PackedSequence)
         lengths = None
         unbatched = False
