@@ -37,6 +37,20 @@ class Backend(Protocol):
         ...
 
 
+def runs_parallel_scan(name: str) -> bool:
+    """Whether backend ``name`` runs the parallel-scan pass unless told otherwise: its class's
+    ``parallel_scan`` (default True), read without building the backend (no GPU needed)."""
+    if name == "numpy":
+        return True
+    if name == "llvm":
+        from rnnc.backends.llvm.runtime import LlvmBackend as cls
+    elif name == "cuda":
+        from rnnc.backends.cuda.runtime import CudaBackend as cls
+    else:
+        raise RnncValueError(f"unknown backend {name!r}; expected one of {', '.join(NAMES)}")
+    return bool(getattr(cls, "parallel_scan", True))
+
+
 def get(name: str, **options: Any) -> Backend:
     """The backend object called ``name``; raise RnncError if it is unknown or unavailable."""
     if name == "numpy":

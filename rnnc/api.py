@@ -37,12 +37,36 @@ def _check_option(check: Any) -> bool | str:
                          f"checks double backward), got {check!r}")
 
 
+_FASTEST: str | None = None
+
+
+def fastest_backend() -> str:
+    """The default backend on a CPU: "llvm" when it imports and runs a tiny cell correctly
+    here, else "numpy" (checked once per process)."""
+    global _FASTEST
+    if _FASTEST is None:
+        from rnnc import cells
+
+        cell = cells.rnn(2, 2)
+        params = cell.init_params(seed=0)
+        x = np.linspace(-1.0, 1.0, 6, dtype=np.float32).reshape(3, 1, 2)
+        try:
+            got, _ = Function(cell, "llvm")(x, params)
+            want, _ = Function(cell, "numpy")(x, params)
+            ok = np.allclose(got["y"], want["y"], rtol=1e-4, atol=1e-5)
+        except Exception:  # noqa: BLE001 - any failure (import, JIT, BLAS) means "not usable"
+            ok = False
+        _FASTEST = "llvm" if ok else "numpy"
+    return _FASTEST
+
+
 class Function:
     """A cell compiled for one backend: inference, training forward and backward.
 
-    ``reverse=True`` runs the cell over t = T-1, ..., 0 (see :func:`compile`)."""
+    ``reverse=True`` runs the cell over t = T-1, ..., 0 (see :func:`compile`); ``backend=None``
+    is the default backend (see :func:`compile`)."""
 
-    def __init__(self, cell: Cell, backend: str = "numpy", *, optimize: bool = True,
+    def __init__(self, cell: Cell, backend: str | None = None, *, optimize: bool = True,
                  check: bool | str | None = None, reverse: bool = False,
                  parallel_scan: bool | None = None, **options: Any) -> None:
         if not isinstance(cell, Cell):
@@ -51,6 +75,8 @@ class Function:
                             ("parallel_scan", True if parallel_scan is None else parallel_scan)):
             if not isinstance(value, bool):
                 raise RnncTypeError(f"{flag} must be True or False, got {value!r}")
+        if backend is None:  # the oracle is the NumPy interpreter; anything else runs fastest
+            backend = fastest_backend() if optimize else "numpy"
         if not optimize and backend != "numpy":
             raise RnncValueError(f"optimize=False is the NumPy oracle: it needs backend='numpy', "
                                  f"got backend={backend!r}")
@@ -353,10 +379,15 @@ class Function:
                                             g_states)
 
 
-def compile(cell: Cell, backend: str = "numpy", *, optimize: bool = True,  # noqa: A001
-            check: bool | str | None = None, reverse: bool = False,
-            parallel_scan: bool | None = None, **options: Any) -> Function:
-    """Compile ``cell`` for ``backend`` ("numpy", "llvm" or "cuda").
+def compile(cell: Cell, backend: str | None = None, *, optimize: bool = True,  # noqa: A001
+            check: bool | str | None = None, reverse: bool = False, parallel_scan: bool | None = None,
+            **options: Any) -> Function:
+    """Compile ``cell`` for ``backend`` ("numpy", "llvm" or "cuda"; None: the default).
+
+    The default is the fastest backend for host data: "llvm" (native code for this CPU), or
+    "numpy" where LLVM cannot run here. It runs on the host: for device arrays (CuPy, CUDA
+    tensors) compile with ``backend="cuda"``. "numpy" is the step-by-step interpreter, for
+    debugging; with ``optimize=False`` the default is "numpy", the oracle.
 
     ``optimize=False`` (NumPy backend only) interprets the traced program with no optimization
     passes: the oracle that the compiler is tested against. ``check=True`` (or the environment
@@ -380,10 +411,22 @@ def compile(cell: Cell, backend: str = "numpy", *, optimize: bool = True,  # noq
                     parallel_scan=parallel_scan, **options)
 
 
-def dump(cell: Cell, after: str = "all", mode: str = "inference", dtype: str = "f32") -> str:
-    """The program as text after the pass ``after`` (or after every pass with "all")."""
-    base = cell.program()
+def backend_pipeline(mode: str, backend: str | None = None) -> tuple[str, ...]:
+    """The passes ``rnnc.compile(cell, backend)`` runs for ``mode`` (without lengths) unless
+    told otherwise: the mode's pipeline, less parallel-scan where the backend leaves it off."""
+    name = fastest_backend() if backend is None else backend
     names = passes.pipeline(mode)
+    if backends.runs_parallel_scan(name):
+        return names
+    return tuple(n for n in names if n != "parallel-scan")
+
+
+def dump(cell: Cell, after: str = "all", mode: str = "inference", dtype: str = "f32",
+         backend: str | None = None) -> str:
+    """The program as text after the pass ``after`` (or after every pass with "all"), through
+    the passes that ``backend`` runs (None: the default backend, as in :func:`compile`)."""
+    base = cell.program()
+    names = backend_pipeline(mode, backend)
     if after not in ("all", "none") and after not in names:
         raise RnncValueError(f"--after must be a pass of the {mode} pipeline ({', '.join(names)}) "
                              f"or 'all', got {after!r}")

@@ -21,7 +21,11 @@ def hard_sigmoid(x: Value) -> Value:
 
 def layer_norm(x: Value, gamma: Value | None = None, beta: Value | None = None,
                eps: float = 1e-5) -> Value:
-    """Normalize over the feature axis, then scale by ``gamma`` and shift by ``beta``."""
+    """Normalize over the feature axis, then scale by ``gamma`` and shift by ``beta``.
+
+    ``layer_norm(x, gamma, beta, eps)`` is ``torch.nn.functional.layer_norm(x, (n,), gamma,
+    beta, eps)`` for ``x`` of shape ``(B, n)``: ``gamma`` and ``beta`` are ``(n,)`` parameters
+    (an ``nn.LayerNorm``'s ``weight`` and ``bias``), each optional."""
     centred = x - mean(x)
     y = centred * rsqrt(mean(centred * centred) + eps)
     if gamma is not None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from rnnc import dsl_random, ops
+from rnnc import dsl_numpy, dsl_random, ops
 from rnnc.dsl_checks import check_allocatable, check_name, check_size
 from rnnc.dsl_docs import DOCS
 from rnnc.errors import CellError, RnncTypeError, RnncValueError, ShapeError
@@ -19,7 +19,7 @@ from rnnc.names import Role, final_state
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _INTERNAL = {os.path.join(_HERE, f) for f in ("dsl.py", "dsl_random.py", "ops.py", "ir.py",
-                                              "composites.py")}
+                                              "composites.py", "dsl_numpy.py")}
 
 Init = Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]
 
@@ -134,6 +134,14 @@ class Value:
     def __array__(self, *a, **k):
         raise RnncTypeError("a traced rnnc value cannot become a NumPy array")
 
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        """``array * value`` runs the operator; ``np.tanh(value)`` says to use rnnc.tanh."""
+        return dsl_numpy.array_ufunc(ufunc, method, inputs, kwargs, _user_location())
+
+    def __array_function__(self, func, types, args, kwargs):
+        """``np.concatenate([...])`` and the like: an error naming rnnc's function."""
+        raise dsl_numpy.refuse(func.__name__, _user_location())
+
 
 class Transposed:
     """``W.T``: a matrix read transposed by the ``@`` it is the right operand of, and nothing
@@ -231,7 +239,8 @@ class Cell:
         return Value(self, nid)
 
     def state(self, name: str, size: int) -> Value:
-        """A carried state ``(B, size)``: its value at step t-1."""
+        """A carried state ``(B, size)``: its value at step t-1. The order of the ``state``
+        calls is the order of an ``hx`` tuple given to ``rnnc.torch.RNN`` (docs/porting.md)."""
         self._declare(name, "state")
         nid = self.graph.arg(name, ("B", check_size(size, f"state {name!r}")), "carry")
         self.states[name] = nid
@@ -239,7 +248,9 @@ class Cell:
 
     def param(self, name: str, shape: int | tuple[int, ...], init: Init | float | None = None
               ) -> Value:
-        """A parameter of ``shape`` (a vector ``(n,)`` or a matrix ``(k, n)``)."""
+        """A parameter of ``shape`` (a vector ``(n,)`` or a matrix ``(k, n)``, read as
+        ``x @ W``: the transpose of an ``nn.Linear`` weight). ``rnnc.torch.RNN`` registers it
+        as ``{name}_l{k}`` (``{name}_l{k}_reverse`` for a reverse direction)."""
         self._declare(name, "parameter")
         shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
         if len(shape) not in (1, 2):

@@ -1,6 +1,7 @@
-"""The README's code is a promise: every Python block runs as pasted, its two commands are the
-CI's, and its IR listings are what the compiler prints (tests/test_docs.py checks the listings
-and commands of every Markdown file; this file checks what is particular to the README)."""
+"""The README's code is a promise: every Python block runs as pasted and prints what it says,
+its two commands are the CI's, and it stays a front door (tests/test_docs.py checks the
+listings, commands and Python blocks of every Markdown file; this file checks what is
+particular to the README, and that docs/optimizing.md's LSTM is what rnnc.compile runs)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from tests.test_docs import ROOT, blocks, listings, run_python
 
 README = ROOT / "README.md"
+OPTIMIZING = ROOT / "docs" / "optimizing.md"
 PYTHON = [b for b in blocks(README) if b.lang == "python"]
 
 
@@ -24,9 +26,7 @@ def _section(title: str) -> str:
 # What a block prints, by the section it is in: the README's comments say so.
 PRINTS = {
     "## Your own cell": ["(32, 64) (20, 8, 32) (8, 64)", "scan forward"],
-    "### float32 and float64": ["float64 float64"],
-    "## Layers, weights and PyTorch": ["(20, 8, 128) (4, 8, 64) (20, 8, 32)"],
-    "### Trusting a new cell: the oracle and `check=True`": ["True"],
+    "## The PyTorch drop-in": ["True torch.Size([10, 4, 32])"],
 }
 
 
@@ -73,20 +73,33 @@ def test_test_command_takes_the_pinned_cpu_torch() -> None:
 
 
 def test_dump_listings_are_the_programs_compile_runs() -> None:
-    """The last listing of each README dump (after fuse-elementwise) is the program that
-    ``rnnc.compile`` optimizes for that mode, not only what ``rnnc dump`` prints."""
+    """The last listing of each dump in docs/optimizing.md (after fuse-elementwise) is the
+    program that ``rnnc.compile`` optimizes for that mode, not only what ``rnnc dump`` prints."""
     import rnnc
 
     fn = rnnc.compile(rnnc.cells.lstm(3, 4))
     shown = {b.text.splitlines()[0]: b.text.strip("\n").splitlines()[1:]
-             for b, _ in listings(README)}
+             for b, _ in listings(OPTIMIZING)}
     for mode in ("inference", "backward"):
         header = f"program lstm {mode}: after fuse-elementwise (f32) {{"
-        assert header in shown, f"README shows no {header!r}"
+        assert header in shown, f"docs/optimizing.md shows no {header!r}"
         assert shown[header] == fn.ir(mode).splitlines()[1:]
 
 
-def test_readme_documents_the_lstm_it_lists() -> None:
-    section = _section("How rnnc optimizes a cell")
-    assert "rnnc dump lstm --input-size 3 --hidden-size 4" in section
-    assert "rnnc.cells.lstm(3, 4)" in section
+def test_optimizing_documents_the_lstm_it_lists() -> None:
+    text = OPTIMIZING.read_text()
+    assert "rnnc dump lstm --input-size 3 --hidden-size 4" in text
+    assert "rnnc.cells.lstm(3, 4)" in text
+
+
+def test_readme_is_a_front_door() -> None:
+    """At most about 300 lines; it states the default backend and how long the suite takes,
+    and links the page of each subject it leaves out."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= 300
+    assert "**The default backend is LLVM**" in text
+    assert "| `None` (default) | `\"llvm\"`" in _section("Backends")
+    suite = _section("Quick start")
+    assert "about 8 minutes on two idle cores" in suite and "pytest -m slow" in suite
+    for page in ("cells", "porting", "layers", "backends", "optimizing", "device-calls"):
+        assert f"(docs/{page}.md)" in text, page

@@ -53,7 +53,9 @@ class RNN(nn.Module):
 
     ``mode`` is ``"rnn_tanh"``, ``"rnn_relu"``, ``"lstm"``, ``"gru"`` (or torch's spelling
     ``"LSTM"``, ``"RNN_TANH"``, ...) or an rnnc cell factory. ``backend`` is the rnnc backend
-    (``None``: the fastest available); ``backend_options`` go to ``rnnc.compile``. Dropout
+    (``None``, the default: llvm where it works here, else numpy, as in ``rnnc.compile``; CUDA
+    tensors are then copied through the host, and stay on the GPU with ``backend="cuda"``);
+    ``backend_options`` go to ``rnnc.compile``. Dropout
     between layers draws from torch's random generator, so ``torch.manual_seed`` fixes it, and
     so does a cell that draws its own masks (``rnnc.bernoulli``): each forward draws its seed,
     eagerly or under ``torch.compile`` (where inductor draws it with its own generator, also
@@ -245,7 +247,9 @@ class RNN(nn.Module):
         dtype = params[0].dtype if params else x.dtype
         check_dtypes(name, dtype, x.dtype)
         if x.dtype != dtype:
-            raise RnncValueError(f"input dtype ({x.dtype}) does not match weight dtype ({dtype})")
+            raise RnncValueError(f"{name} input dtype ({x.dtype}) does not match weight dtype "
+                                 f"({dtype}). Convert input: input.to({dtype}), or convert "
+                                 f"model: model.to({x.dtype})")
         if x.shape[-1] != self.input_size:
             raise RnncRuntimeError(f"input.size(-1) must be equal to input_size. Expected "
                                    f"{self.input_size}, got {x.shape[-1]}")
@@ -310,8 +314,10 @@ class RNN(nn.Module):
                 extra: dict[str, Any] | None = None) -> tuple[Any, Any]:
         """Run the layers: ``(output, h_n)`` or ``(output, (h_n, c_n))`` as torch does.
 
-        ``extra`` holds the cell's extra inputs by name, each laid out like the input
-        (padded, or a ``PackedSequence`` like it, when the input is packed)."""
+        For a custom cell, ``hx`` is a tuple in the order of the cell's ``c.state`` calls or a
+        dict by state name, and the final states come back as a dict by name. ``extra`` holds
+        the cell's extra inputs by name, each laid out like the input (padded, or a
+        ``PackedSequence`` like it, when the input is packed)."""
         packed = isinstance(input, PackedSequence)
         lengths = None
         unbatched = False

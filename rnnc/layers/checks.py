@@ -44,6 +44,12 @@ def check_mode(mode: Any) -> str | CellFactory:
         if mode not in MODES:
             raise RnncValueError(f"mode must be one of {', '.join(map(repr, MODES))} or a "
                                  f"cell factory, got {mode!r}")
+    elif isinstance(mode, Cell):
+        raise RnncTypeError(f"mode is a Cell ({mode.name!r}), but a layer needs a cell factory, "
+                            f"a function (input_size, hidden_size) -> Cell that it calls once "
+                            f"per layer and direction: pass the function itself, e.g. "
+                            f"rnnc.RNN({mode.name}, 16, 64), not rnnc.RNN({mode.name}(16, 64), "
+                            f"16, 64)")
     elif not callable(mode):
         raise RnncTypeError(f"mode must be a string or a cell factory, got "
                             f"{type(mode).__name__}")

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from rnnc import cells, process
-from rnnc.api import Function
+from rnnc.api import Function, fastest_backend
 from rnnc.api import compile as compile_cell
 from rnnc.dsl import Cell
 from rnnc.layers import backward as backward_paths
@@ -25,28 +25,10 @@ from rnnc.layers.backward import LayerGrads, States
 from rnnc.layers.checks import CellFactory, Grid, check_dropout
 from rnnc.layers.run import LayerTape, Result, run
 
-_AUTO_BACKEND: str | None = None
 # Standard cells' compiled functions shared by layers, least recently used first out: a layer
 # keeps its own references, so an evicted function lives on for as long as a layer uses it.
 _CACHE: OrderedDict[tuple, Function] = OrderedDict()
 _CACHE_LOCK = process.Lock()
-
-
-def fastest_backend() -> str:
-    """Return "llvm" when it imports and runs a tiny cell correctly here, else "numpy"."""
-    global _AUTO_BACKEND
-    if _AUTO_BACKEND is None:
-        cell = cells.rnn(2, 2)
-        params = cell.init_params(seed=0)
-        x = np.linspace(-1.0, 1.0, 6, dtype=np.float32).reshape(3, 1, 2)
-        try:
-            got, _ = compile_cell(cell, backend="llvm")(x, params)
-            want, _ = compile_cell(cell, backend="numpy")(x, params)
-            ok = np.allclose(got["y"], want["y"], rtol=1e-4, atol=1e-5)
-        except Exception:  # noqa: BLE001 - any failure (import, JIT, BLAS) means "not usable"
-            ok = False
-        _AUTO_BACKEND = "llvm" if ok else "numpy"
-    return _AUTO_BACKEND
 
 
 def _compiled(mode: str | CellFactory, cell: Cell, in_size: int, hidden: int, backend: str,
@@ -85,8 +67,9 @@ class RNN:
     ``y`` is ``(T, B, D*K)`` and the layers above read ``D*K`` features; states may have any
     sizes. ``proj_size`` (mode ``"lstm"``) is the cell ``rnnc.cells.lstm(..., proj_size)``,
     whose output has ``proj_size`` features. ``backend`` is
-    ``"numpy"``, ``"llvm"``, ``"cuda"`` or ``None`` for the fastest available (llvm if it
-    works here, else numpy); ``backend_options`` go to ``rnnc.compile`` (e.g.
+    ``"numpy"``, ``"llvm"``, ``"cuda"`` or ``None`` (the default) for the fastest backend for
+    host data: llvm where it works here, else numpy, as in ``rnnc.compile``; device arrays
+    need ``backend="cuda"``. ``backend_options`` go to ``rnnc.compile`` (e.g.
     ``emulate=True``). ``seed`` makes the parameter initialization and the dropout masks
     reproducible. A cell that draws its own masks (``rnnc.bernoulli``: zoneout, variational
     dropout) gets each call's ``seed=``, or one drawn from the layer's random stream, and every
@@ -108,7 +91,7 @@ class RNN:
 
     def __init__(self, mode: str | CellFactory, input_size: int, hidden_size: int,
                  num_layers: int = 1, bidirectional: bool = False, dropout: float = 0.0,
-                 batch_first: bool = False, backend: str | None = "numpy",
+                 batch_first: bool = False, backend: str | None = None,
                  seed: int | None = None, dtype: Any = np.float32, proj_size: int = 0,
                  extra_inputs: str = "all", **backend_options: Any) -> None:
         self.mode = checks.check_mode(mode)

@@ -179,10 +179,41 @@ def load_cell(spec: str, input_size: int | None = None, hidden_size: int | None 
     return call_factory(fn, label, sizes, dict(args or {}), path)
 
 
+def _cell_names() -> list[str]:
+    """The names ``rnnc dump`` accepts for a cell: the standard and published cells."""
+    from rnnc.cells import NAMED, PUBLISHED
+
+    return [*NAMED, *PUBLISHED]
+
+
+# The modes of `rnnc dump --mode` and `rnnc bench --modes`: one vocabulary. "train" was dump's
+# word for training before; it is still accepted, with a note.
+DUMP_MODES = {"inference": ("inference",), "training": ("forward", "backward")}
+
+
+def _svg(dot_text: str) -> str:
+    """``dot_text`` drawn as SVG by Graphviz's ``dot`` executable."""
+    import shutil
+    import subprocess
+
+    dot = shutil.which("dot")
+    if dot is None:
+        raise RnncError("--format svg needs Graphviz's 'dot' executable on PATH (apt install "
+                        "graphviz, brew install graphviz or conda install graphviz); "
+                        "--format dot prints the graph's source without it")
+    res = subprocess.run([dot, "-Tsvg"], input=dot_text, capture_output=True, text=True,
+                         timeout=300, check=False)
+    if res.returncode != 0:
+        raise RnncError(f"{dot} -Tsvg failed with exit status {res.returncode}: "
+                        f"{res.stderr.strip()}")
+    return res.stdout
+
+
 def _dump(args: argparse.Namespace) -> int:
     import rnnc
     from rnnc import passes
-    from rnnc.dot import to_dot
+    from rnnc.api import backend_pipeline
+    from rnnc.dot import to_dot, to_dot_all
     from rnnc.ir import retype
 
     named: dict[str, Any] = {}
@@ -190,21 +221,30 @@ def _dump(args: argparse.Namespace) -> int:
         if name in named:
             raise RnncError(f"--arg {name} given twice")
         named[name] = value
+    if args.mode == "train":
+        sys.stderr.write("rnnc dump: note: --mode train is now --mode training (the word rnnc "
+                         "bench --modes uses); 'train' still works\n")
     cell = load_cell(args.cell, args.input_size, args.hidden_size, named)
-    modes = ("forward", "backward") if args.mode == "train" else ("inference",)
+    modes = DUMP_MODES["training" if args.mode == "train" else args.mode]
+    drawn = []
     for mode in modes:
         if args.format == "text":
-            print(rnnc.dump(cell, after=args.after, mode=mode))
-        else:
-            names = passes.pipeline(mode)
-            if args.after != "all":
-                if args.after not in names:
-                    raise RnncError(f"--after must be a pass of the {mode} pipeline "
-                                    f"({', '.join(names)}) or 'all', got {args.after!r}")
-                names = names[:names.index(args.after) + 1]
-            program = passes.run(retype(cell.program(), "f32"), names)
-            sys.stdout.write(to_dot(program, f"{cell.name} {mode}"))
-        print()
+            print(rnnc.dump(cell, after=args.after, mode=mode, backend=args.backend))
+            print()
+            continue
+        names = backend_pipeline(mode, args.backend)
+        if args.after != "all":
+            if args.after not in names:
+                raise RnncError(f"--after must be a pass of the {mode} pipeline "
+                                f"({', '.join(names)}) or 'all', got {args.after!r}")
+            names = names[:names.index(args.after) + 1]
+        drawn.append((passes.run(retype(cell.program(), "f32"), names), f"{cell.name} {mode}"))
+    if args.format == "dot":
+        for program, title in drawn:
+            sys.stdout.write(to_dot(program, title))
+            print()
+    elif args.format == "svg":  # one picture: both programs of training in one graph
+        sys.stdout.write(_svg(to_dot_all(drawn, f"{cell.name} {args.mode}")))
     return 0
 
 
@@ -212,6 +252,13 @@ def _demo(args: argparse.Namespace) -> int:
     from rnnc.tools.demo import run
 
     return run(quick=args.quick)
+
+
+def backend_names() -> tuple[str, ...]:
+    """The backends ``rnnc dump --backend`` accepts."""
+    from rnnc.backends import NAMES
+
+    return NAMES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -223,11 +270,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print a cell's IR after the optimization passes. A path/file.py:factory "
                     "cell imports (runs) that Python file, then calls "
                     "factory(input_size, hidden_size, **args).")
-    dump.add_argument("cell", help="rnn | rnn_relu | lstm | gru | gru_v3 | mgu | peephole_lstm"
-                                   " | path/file.py:factory")
+    dump.add_argument("cell", help=" | ".join([*_cell_names(), "path/file.py:factory"]))
     dump.add_argument("--after", default="all", help="a pass name, or 'all' (default)")
-    dump.add_argument("--mode", choices=("inference", "train"), default="inference")
-    dump.add_argument("--format", choices=("text", "dot"), default="text")
+    dump.add_argument("--mode", choices=(*DUMP_MODES, "train"), default="inference",
+                      metavar="{" + ",".join(DUMP_MODES) + "}",
+                      help="inference (default), or training: the training forward, then "
+                           "the backward ('train' is accepted too)")
+    dump.add_argument("--backend", choices=backend_names(), default=None,
+                      help="show the passes this backend runs (default: rnnc.compile's "
+                           "default, llvm where it works; llvm leaves parallel-scan off)")
+    dump.add_argument("--format", choices=("text", "dot", "svg"), default="text",
+                      help="text (default), dot (Graphviz source) or svg (drawn by Graphviz's "
+                           "dot executable, which must be installed)")
     dump.add_argument("--input-size", type=_positive, default=None,
                       help=f"the factory's first argument (default {DEFAULT_SIZES[0]})")
     dump.add_argument("--hidden-size", type=_positive, default=None,

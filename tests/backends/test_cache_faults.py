@@ -46,7 +46,7 @@ def _cell(k: int = 0) -> rnnc.Cell:
 
 
 def _program(k: int = 0):
-    return rnnc.compile(_cell(k)).program()
+    return rnnc.compile(_cell(k), backend="numpy").program()
 
 
 def _run(runner) -> np.ndarray:
@@ -479,7 +479,7 @@ def test_emulation_key_covers_flags_shim_and_source(monkeypatch) -> None:
 # -- processes and threads
 
 def _fork_program():
-    return rnnc.compile(rnnc.cells.lstm(16, 32)).program()
+    return rnnc.compile(rnnc.cells.lstm(16, 32), backend="numpy").program()
 
 
 def _fork_and_wait(target, *args) -> tuple[multiprocessing.Process, bool]:
@@ -582,7 +582,7 @@ def test_fork_while_the_same_function_compiles(monkeypatch) -> None:
 
 
 def _spawn_child(root: str, queue) -> None:
-    program = rnnc.compile(rnnc.cells.rnn(2, 3)).program()
+    program = rnnc.compile(rnnc.cells.rnn(2, 3), backend="numpy").program()
     runner = LlvmBackend(cache_dir=Path(root)).build(program)
     queue.put(_run_rnn(runner))
 
@@ -596,7 +596,8 @@ def _run_rnn(runner) -> np.ndarray:
 def test_spawn_child_after_the_backend_ran(tmp_path: Path) -> None:
     root = tmp_path / "cache"
     cache._CACHES.pop(root, None)
-    here = _run_rnn(LlvmBackend(cache_dir=root).build(rnnc.compile(rnnc.cells.rnn(2, 3))
+    here = _run_rnn(LlvmBackend(cache_dir=root).build(rnnc.compile(rnnc.cells.rnn(2, 3),
+                                                                   backend="numpy")
                                                        .program()))
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()

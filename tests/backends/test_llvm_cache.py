@@ -25,7 +25,7 @@ from rnnc.ir import retype  # noqa: E402
 
 @pytest.fixture(scope="module")
 def program():
-    return rnnc.compile(rnnc.cells.rnn(2, 3)).program()
+    return rnnc.compile(rnnc.cells.rnn(2, 3), backend="numpy").program()
 
 
 def _run(runner) -> np.ndarray:
@@ -80,7 +80,7 @@ def test_damaged_entry_is_deleted_and_rebuilt(tmp_path: Path, program, damage: s
 
 def test_key_depends_on_program_dtype_and_convention(program) -> None:
     ident = fingerprint(program)
-    other = fingerprint(rnnc.compile(rnnc.cells.gru(2, 3)).program())
+    other = fingerprint(rnnc.compile(rnnc.cells.gru(2, 3), backend="numpy").program())
     keys = {cache.key(ident, "f32", "cblas"), cache.key(ident, "f64", "cblas"),
             cache.key(ident, "f32", "fortran"), cache.key(other, "f32", "cblas")}
     assert len(keys) == 4
@@ -175,10 +175,10 @@ def test_fingerprint_is_structure_with_exact_constants() -> None:
         c.output("y", h_new)
         return c
 
-    fused = [rnnc.compile(tanh_cell(e)).program() for e in EPSILONS]
+    fused = [rnnc.compile(tanh_cell(e), backend="numpy").program() for e in EPSILONS]
     assert any(n.op is FUSED for n in fused[0].scan.body.nodes())
     assert fingerprint(fused[0]) != fingerprint(fused[1])
-    optimized = [rnnc.compile(_eps_cell(e)).program() for e in EPSILONS]
+    optimized = [rnnc.compile(_eps_cell(e), backend="numpy").program() for e in EPSILONS]
     assert any(n.op.name == "linear_scan" for n in optimized[0].pre.nodes())
     assert fingerprint(optimized[0]) != fingerprint(optimized[1])
     base = optimized[0]
@@ -246,7 +246,7 @@ def test_editing_a_code_generator_changes_the_key(tmp_path: Path, monkeypatch) -
 # -- checked entries (issue 19, high 4)
 
 def _eps_program(eps: float):
-    return retype(rnnc.compile(_eps_cell(eps)).program(), "f64")
+    return retype(rnnc.compile(_eps_cell(eps), backend="numpy").program(), "f64")
 
 
 def _eps_run(runner) -> np.ndarray:
@@ -364,7 +364,7 @@ def _scaled_rnn(k: int) -> rnnc.Cell:
 
 
 def test_memory_cache_is_a_bounded_lru(tmp_path: Path) -> None:
-    programs = [rnnc.compile(_scaled_rnn(k)).program() for k in range(4)]
+    programs = [rnnc.compile(_scaled_rnn(k), backend="numpy").program() for k in range(4)]
     backend = _fresh(tmp_path)
     runners = [backend.build(p) for p in programs[:2]]
     sizes = sorted(c.nbytes for c in backend.cache._memory.values())
@@ -411,7 +411,7 @@ def test_tuning_file_follows_the_cache_directory(tmp_path: Path, monkeypatch) ->
     monkeypatch.setattr(autotune, "_CHOICES", {})
     backend = _fresh(tmp_path / "explicit")
     backend.libraries = [library, twin]
-    runner = backend.build(rnnc.compile(rnnc.cells.rnn(8, 16)).program())
+    runner = backend.build(rnnc.compile(rnnc.cells.rnn(8, 16), backend="numpy").program())
     runner.gemm_choice(64, 32)
     assert (tmp_path / "explicit" / "blas.json").is_file()
     assert not (tmp_path / "env" / "blas.json").exists()

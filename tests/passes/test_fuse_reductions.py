@@ -63,7 +63,7 @@ CELLS = {
 @pytest.mark.parametrize("name", ["ln_lstm", "layer_norm_gru"])
 @pytest.mark.parametrize("mode", MODES)
 def test_no_reduction_stays_alone_in_the_loop(name: str, mode: str) -> None:
-    counts = rnnc.compile(CELLS[name](8, 16)).op_counts(mode)
+    counts = rnnc.compile(CELLS[name](8, 16), backend="numpy").op_counts(mode)
     loop = counts["loop"]
     assert not {"sum", "mean", "amax", "amin"} & set(loop), loop
     assert set(loop) <= {"fused", "matmul"}, loop
@@ -71,13 +71,13 @@ def test_no_reduction_stays_alone_in_the_loop(name: str, mode: str) -> None:
 
 @pytest.mark.parametrize("name", ["ln_lstm", "layer_norm_gru"])
 def test_backward_post_graph_is_a_few_fused_nodes(name: str) -> None:
-    outside = rnnc.compile(CELLS[name](8, 16)).op_counts("backward")["outside"]
+    outside = rnnc.compile(CELLS[name](8, 16), backend="numpy").op_counts("backward")["outside"]
     assert not ELEMENTWISE_OUTSIDE & set(outside), outside
     assert 1 <= outside["fused"] <= 3, outside
 
 
 def test_reductions_join_regions_and_sum_rows_does_not() -> None:
-    program = rnnc.compile(ln_lstm(8, 16)).program("backward")
+    program = rnnc.compile(ln_lstm(8, 16), backend="numpy").program("backward")
     inside = set()
     for graph in program.graphs():
         for node in graph.nodes():
@@ -132,7 +132,7 @@ def test_llvm_emits_one_row_kernel_whose_loops_vectorize() -> None:
     pytest.importorskip("llvmlite")
     from rnnc.backends.llvm import blas, cache, codegen
 
-    program = rnnc.compile(ln_lstm(8, 64)).program("inference")
+    program = rnnc.compile(ln_lstm(8, 64), backend="numpy").program("inference")
     text, _ = codegen.lower(program, blas.get().convention)
     assert 'define internal void @"rows.' in text
     assert "reduce." not in text  # no reduction runs as a node of its own
@@ -147,7 +147,7 @@ def test_llvm_emits_one_row_kernel_whose_loops_vectorize() -> None:
 def test_cuda_region_that_reduces_has_one_thread_per_row() -> None:
     from rnnc.backends.cuda.codegen import render
 
-    module = render(rnnc.compile(ln_lstm(4, 8)).program("inference"))
+    module = render(rnnc.compile(ln_lstm(4, 8), backend="numpy").program("inference"))
     launches = [s for steps in module.steps.values() for s in steps if hasattr(s, "per_row")]
     rows = [s for s in launches if s.per_row]
     assert rows and all(s.fused for s in rows)
@@ -164,7 +164,7 @@ def test_row_kernels_compile_to_ptx() -> None:
     if available_compiler() is None:
         pytest.skip("no CUDA compiler: neither nvcc on PATH nor the nvidia-cuda-nvrtc wheel")
     for dtype in ("f32", "f64"):
-        modules = [render(rnnc.compile(CELLS[name](4, 8)).program(mode, dtype),
+        modules = [render(rnnc.compile(CELLS[name](4, 8), backend="numpy").program(mode, dtype),
                           prefix=f"{name}_{mode}_k_")
                    for name in sorted(CELLS) for mode in MODES]
         modules.append(render(retype(fuse_elementwise(_mixed_program()), dtype), "mixed_k_"))

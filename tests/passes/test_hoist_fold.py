@@ -305,7 +305,8 @@ def test_double_backward_matches_the_oracle(name) -> None:
     g_params = {k: rng.standard_normal(v.shape) for k, v in params.items()}
     g_st = {k: rng.standard_normal(v.shape) for k, v in states.items()}
     results = []
-    for fn in (rnnc.compile(cell, backend="numpy", optimize=False), rnnc.compile(cell)):
+    for fn in (rnnc.compile(cell, backend="numpy", optimize=False), rnnc.compile(cell,
+                                                                                 backend="numpy")):
         tape = fn.forward(x, params, states, lengths=np.array([4, 1, 3]))[2]
         results.append(fn.double_backward(tape, d_out, d_st, g_x, g_params, g_st))
     (want_out, want_st, want), (got_out, got_st, got) = results

@@ -99,7 +99,7 @@ def test_cells_match_the_sequential_oracle(name: str, lengths, reverse: bool,
 
 @pytest.mark.parametrize("name", sorted(CELLS))
 def test_no_loop_work_is_left(name: str) -> None:
-    fn = rnnc.compile(CELLS[name]())
+    fn = rnnc.compile(CELLS[name](), backend="numpy")
     for mode in ("inference", "forward", "backward"):
         assert fn.op_counts(mode)["loop"] == {}, (name, mode)
         assert "linear_scan" in fn.op_counts(mode)["outside"], (name, mode)
@@ -115,7 +115,7 @@ def test_saved_values_share_a_pass_with_the_scan_coefficients() -> None:
     """minGRU's training forward computes the coefficients of its scan and the values it
     saves from the same hoisted product: one elementwise region reads it (before the merge
     of post into pre, a second region in post read it again and recomputed the gate)."""
-    fn = rnnc.compile(CELLS["min_gru"]())
+    fn = rnnc.compile(CELLS["min_gru"](), backend="numpy")
     pre = fn.program("forward", "f64").pre
     (product,) = [n.id for n in pre.nodes() if n.op is ops.matmul]
     readers = [pre.node(u).op.name for u in pre.users(product)]
@@ -129,7 +129,7 @@ def test_the_pass_is_in_every_pipeline_after_hoisting() -> None:
         if "hoist-sequence" in names:
             at = names.index("parallel-scan")
             assert names[at - 1] == "hoist-sequence" and names[at + 1] == "fuse-elementwise", mode
-    dump = rnnc.dump(rnnc.cells.min_gru(2, 3), after="parallel-scan")
+    dump = rnnc.dump(rnnc.cells.min_gru(2, 3), after="parallel-scan", backend="numpy")
     assert "linear_scan" in dump
 
 
@@ -208,7 +208,7 @@ def _partly_linear_cell() -> rnnc.Cell:
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
 def test_linear_carries_leave_the_loop_and_the_others_stay(lengths, reverse: bool) -> None:
     cell = _partly_linear_cell()
-    fn = rnnc.compile(cell, reverse=reverse)
+    fn = rnnc.compile(cell, reverse=reverse, backend="numpy")
     for mode in ("inference", "forward"):
         program = fn.program(mode, "f64", lengths is not None)
         assert [c.name for c in program.scan.carries] == ["h"], mode
@@ -240,7 +240,7 @@ def test_a_carry_without_a_sequence_stays_in_the_loop() -> None:
     c_new = c * 0.5 + cell.param("b", (2,))
     cell.update(c=c_new)
     cell.output("y", x + c_new)
-    fn = rnnc.compile(cell)
+    fn = rnnc.compile(cell, backend="numpy")
     assert [c.name for c in fn.program("inference").scan.carries] == ["c"]
     assert fn.program("inference", lengths=True).scan.carries == ()
     for lengths in (None, LENGTHS):
@@ -258,7 +258,7 @@ def test_an_output_copying_an_input_needs_no_loop() -> None:
     cell.update(h=h + x)
     cell.output("y", x)
     cell.output("z", h)
-    fn = rnnc.compile(cell)
+    fn = rnnc.compile(cell, backend="numpy")
     assert fn.op_counts("inference")["loop"] == {}
     want = everything(rnnc.compile(cell, optimize=False), cell, None)
     got = everything(fn, cell, None)
@@ -300,7 +300,7 @@ def test_long_chains_need_no_deep_recursion() -> None:
         total = total + x * float(k)
     cell.update(c=gate * c + x, d=total)
     cell.output("y", c)
-    fn = rnnc.compile(cell)
+    fn = rnnc.compile(cell, backend="numpy")
     assert [c.name for c in fn.program("inference", "f64").scan.carries] == ["d"]
     params, x, states = problem(cell)
     got = fn(x, params, states=states, lengths=LENGTHS)
@@ -333,13 +333,13 @@ def test_parallel_scan_is_a_compile_option() -> None:
     def scans(fn) -> bool:
         return "linear_scan" in fn.op_counts("inference")["outside"]
 
-    assert scans(rnnc.compile(cell))
-    assert not scans(rnnc.compile(cell, parallel_scan=False))
+    assert scans(rnnc.compile(cell, backend="numpy"))
+    assert not scans(rnnc.compile(cell, parallel_scan=False, backend="numpy"))
     pytest.importorskip("llvmlite")
     assert not scans(rnnc.compile(cell, backend="llvm"))
     assert scans(rnnc.compile(cell, backend="llvm", parallel_scan=True))
     with pytest.raises(rnnc.RnncTypeError, match="parallel_scan must be True or False"):
-        rnnc.compile(cell, parallel_scan="yes")
+        rnnc.compile(cell, parallel_scan="yes", backend="numpy")
 
 
 def test_an_empty_loop_runs_no_steps(monkeypatch) -> None:
@@ -351,7 +351,7 @@ def test_an_empty_loop_runs_no_steps(monkeypatch) -> None:
     params = cell.init_params(dtype=np.float64)
     x = np.random.default_rng(0).standard_normal((50, 2, cell.sizes("input")["x"][-1]))
     want, _ = rnnc.compile(cell, optimize=False)(x, params)  # the oracle loops: run it first
-    fn = rnnc.compile(cell)
+    fn = rnnc.compile(cell, backend="numpy")
     assert fn.op_counts("inference")["loop"] == {}
     calls = []
     real = runtime.run_graph

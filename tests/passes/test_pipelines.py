@@ -31,7 +31,7 @@ def _has_autodiff() -> bool:
 def test_op_counts(name: str, mode: str) -> None:
     if mode == "backward" and not _has_autodiff():
         pytest.fail("autodiff-backward is not registered")
-    counts = rnnc.compile(standard_cells()[name]).op_counts(mode)
+    counts = rnnc.compile(standard_cells()[name], backend="numpy").op_counts(mode)
     loop, outside = counts["loop"], counts["outside"]
     want = 1 if name in ONE_MATMUL else 2
     assert loop.get("matmul") == want, counts
@@ -47,7 +47,7 @@ def test_op_counts(name: str, mode: str) -> None:
 
 
 def test_lstm_golden_inference(update_goldens: bool) -> None:
-    text = rnnc.compile(rnnc.cells.lstm(3, 4)).ir("inference")
+    text = rnnc.compile(rnnc.cells.lstm(3, 4), backend="numpy").ir("inference")
     path = GOLDEN / "lstm_inference.txt"
     if update_goldens:
         path.write_text(text + "\n")
@@ -57,7 +57,7 @@ def test_lstm_golden_inference(update_goldens: bool) -> None:
 @pytest.mark.parametrize("name", ["lstm", "gru", "mgu"])
 def test_flat_parameters(name: str) -> None:
     cell = standard_cells()[name]
-    fn = rnnc.compile(cell)
+    fn = rnnc.compile(cell, backend="numpy")
     params = cell.init_params(seed=1, dtype=np.float64)
     flat = fn.pack(params)
     assert flat.size == sum(p.size for p in params.values())
@@ -89,7 +89,7 @@ def test_gradients_against_finite_differences(name: str) -> None:
     rng = np.random.default_rng(3)
     dy = rng.standard_normal((T, B, 4))
     dh = {s: rng.standard_normal((B, 4)) for s in cell.states}
-    fn = rnnc.compile(cell)
+    fn = rnnc.compile(cell, backend="numpy")
     params = {k: env[k] for k in cell.params}
     _, _, tape = fn.forward(env["x"], params, states={s: env[s] for s in cell.states})
     g = fn.backward(tape, d_outputs={"y": dy}, d_states=dh)
@@ -140,7 +140,7 @@ def test_lengths_match_pytorch_packed_sequences(name: str) -> None:
     params = cell.init_params(seed=5, dtype=np.float64)
     h0 = {s: rng.uniform(-0.5, 0.5, (B, H)) for s in cell.states}
     lengths = np.array([5, 2, 3, 1])
-    ys, states = rnnc.compile(cell)(x, params, states=h0, lengths=lengths)
+    ys, states = rnnc.compile(cell, backend="numpy")(x, params, states=h0, lengths=lengths)
     torch, mod = _torch_module(name, I, H, params)
     packed = torch.nn.utils.rnn.pack_padded_sequence(
         torch.from_numpy(x), torch.from_numpy(lengths), enforce_sorted=False)
@@ -157,7 +157,7 @@ def test_lengths_match_pytorch_packed_sequences(name: str) -> None:
 
 def test_custom_cell_lengths_equal_separate_runs() -> None:
     cell = mgu(3, 4)
-    fn = rnnc.compile(cell)
+    fn = rnnc.compile(cell, backend="numpy")
     T, B = 6, 3
     rng = np.random.default_rng(6)
     x = rng.standard_normal((T, B, 3))

@@ -24,7 +24,7 @@ READERS = ("backward", "forward.backward", "backward.backward", "backward.forwar
 
 
 def _function(name: str, reverse: bool = False) -> rnnc.Function:
-    return rnnc.compile(rnnc.cells.NAMED[name](2, 3), reverse=reverse)
+    return rnnc.compile(rnnc.cells.NAMED[name](2, 3), reverse=reverse, backend="numpy")
 
 
 def test_save_writers() -> None:

@@ -67,11 +67,89 @@ def test_dump_text_every_pass(capsys):
     assert "scan forward" in out
 
 
-def test_dump_train_dot(capsys):
-    assert main(["dump", "gru", "--mode", "train", "--format", "dot"]) == 0
+def test_dump_training_dot(capsys):
+    assert main(["dump", "gru", "--mode", "training", "--format", "dot"]) == 0
     out = capsys.readouterr().out
     assert out.count("digraph") == 2  # training forward and backward
     assert "scan reverse" in out
+
+
+def test_dump_mode_train_still_works_with_a_note(capsys):
+    assert main(["dump", "gru", "--mode", "training", "--input-size", "2", "--hidden-size",
+                 "3", "--after", "canonicalize"]) == 0
+    training = capsys.readouterr()
+    assert main(["dump", "gru", "--mode", "train", "--input-size", "2", "--hidden-size", "3",
+                 "--after", "canonicalize"]) == 0
+    train = capsys.readouterr()
+    assert train.out == training.out and "program gru backward" in train.out
+    assert training.err == "" and "--mode train is now --mode training" in train.err
+
+
+def test_dump_and_bench_share_the_mode_vocabulary():
+    from rnnc.tools.bench import MODES
+    from rnnc.tools.cli import DUMP_MODES
+
+    assert tuple(DUMP_MODES) == tuple(MODES) == ("inference", "training")
+
+
+def test_dump_help_lists_every_cell_it_accepts():
+    from rnnc.cells import NAMED, PUBLISHED
+    from rnnc.tools.cli import build_parser, load_cell
+
+    dump = build_parser()._subparsers._group_actions[0].choices["dump"]
+    listed = next(a.help for a in dump._actions if a.dest == "cell").split(" | ")
+    assert listed[-1] == "path/file.py:factory"
+    assert sorted(listed[:-1]) == sorted({*NAMED, *PUBLISHED}) and len(listed) == 22
+    for name in listed[:-1]:
+        assert isinstance(load_cell(name, 2, 4), rnnc.Cell), name
+
+
+@pytest.mark.parametrize("backend, scans", [("numpy", True), ("llvm", False), ("cuda", True),
+                                            (None, False)])
+def test_dump_backend_shows_what_that_backend_runs(backend, scans, capsys):
+    """The last listing is the program rnnc.compile builds for that backend: LLVM leaves
+    parallel-scan off by default, so its min_gru keeps the loop."""
+    argv = ["dump", "min_gru", "--input-size", "2", "--hidden-size", "3"]
+    assert main(argv + ([] if backend is None else ["--backend", backend])) == 0
+    out = capsys.readouterr().out
+    assert ("linear_scan" in out) is scans and ("after parallel-scan" in out) is scans
+    last = out.strip().split("\n\n")[-1].splitlines()
+    assert last[0] == "program min_gru inference: after fuse-elementwise (f32) {"
+    if backend != "cuda":  # (compiling for CUDA needs CuPy or emulation; the pipeline is the
+        # same as numpy's)
+        fn = rnnc.compile(rnnc.cells.min_gru(2, 3), backend=backend)
+        assert last[1:] == fn.ir().splitlines()[1:]
+
+
+def _fake_dot(folder) -> str:
+    """A ``dot`` executable that echoes its arguments and its input, for PATH."""
+    folder.mkdir()
+    dot = folder / "dot"
+    dot.write_text("#!/bin/sh\necho \"<svg args='$*'>\"\ncat\necho '</svg>'\n")
+    dot.chmod(0o755)
+    return str(folder)
+
+
+def test_dump_svg_draws_through_graphviz(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", _fake_dot(tmp_path / "bin") + os.pathsep + os.environ["PATH"])
+    assert main(["dump", "gru", "--mode", "training", "--format", "svg"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("<svg args='-Tsvg'>") and out.rstrip().endswith("</svg>")
+    # One picture: the forward and the backward as two clusters of one graph.
+    assert out.count("digraph") == 1 and "cluster_p0" in out and "cluster_p1" in out
+    assert '"gru forward"' in out and '"gru backward"' in out
+
+
+def test_dump_svg_without_graphviz_is_one_line_and_exit_2(monkeypatch, capsys):
+    import shutil
+
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)
+    assert main(["dump", "gru", "--format", "svg"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and "needs Graphviz's 'dot' executable" in err
+    assert "--format dot" in err
 
 
 def test_dump_user_file(tmp_path, capsys):

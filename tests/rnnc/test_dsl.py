@@ -135,7 +135,7 @@ def test_concat_of_one_state_with_matmul() -> None:
     rng = np.random.default_rng(1)
     xs = rng.standard_normal((T, B, 2))
     params = c.init_params(dtype=np.float64)
-    ys, _ = rnnc.compile(c)(xs, params)
+    ys, _ = rnnc.compile(c, backend="numpy")(xs, params)
     hh, out = np.zeros((B, N)), []
     for t in range(T):
         hh = np.tanh(np.concatenate([xs[t], hh], axis=1) @ params["W"])
@@ -168,7 +168,7 @@ def test_vector_param_broadcasts_over_batch() -> None:
     c.output("y", h_new)
     xs = np.random.default_rng(2).standard_normal((T, B, N))
     params = c.init_params(dtype=np.float64)
-    ys, final = rnnc.compile(c)(xs, params)
+    ys, final = rnnc.compile(c, backend="numpy")(xs, params)
     np.testing.assert_allclose(final["h"], (xs * params["b"]).sum(axis=0), rtol=1e-12)
 
 
@@ -207,7 +207,7 @@ def test_layer_norm() -> None:
     c.output("y", h_new)
     xs = np.random.default_rng(3).standard_normal((T, B, N))
     params = c.init_params(seed=3, dtype=np.float64)
-    ys, _ = rnnc.compile(c)(xs, params)
+    ys, _ = rnnc.compile(c, backend="numpy")(xs, params)
     hh, out = np.zeros((B, N)), []
     for t in range(T):
         a = xs[t] + hh
@@ -256,7 +256,7 @@ def test_init_params_custom_init() -> None:
 
 def test_float64_runs_and_follows_x() -> None:
     cell = rnnc.cells.gru(3, 4)
-    fn = rnnc.compile(cell)
+    fn = rnnc.compile(cell, backend="numpy")
     x = np.random.default_rng(5).standard_normal((4, 2, 3))
     p64 = cell.init_params(seed=1, dtype=np.float64)
     ys64, st64 = fn(x, p64)

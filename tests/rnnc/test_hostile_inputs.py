@@ -211,7 +211,7 @@ def test_a_reused_parameter_expression_differentiates_in_linear_time() -> None:
     c.update(h=rnnc.tanh(x @ W + h * v))
     c.output("y", h)
     start = time.perf_counter()
-    fn = rnnc.compile(c)
+    fn = rnnc.compile(c, backend="numpy")
     p = c.init_params(seed=0)
     x = np.ones((2, 2, 4), np.float32)
     ys, _, tape = fn.forward(x, p)
@@ -279,7 +279,7 @@ def test_misaligned_and_byte_swapped_arrays_are_copied(backend: str, convert: st
 
 
 def test_layer_takes_byte_swapped_input() -> None:
-    layer = rnnc.RNN("gru", 3, 4)
+    layer = rnnc.RNN("gru", 3, 4, backend="numpy")
     x = np.random.default_rng(0).standard_normal((5, 2, 3)).astype(np.float32)
     y, _ = layer(x.astype(">f4"))
     np.testing.assert_array_equal(y, layer(x)[0])
@@ -291,22 +291,22 @@ def test_layer_takes_byte_swapped_input() -> None:
 def test_a_ragged_list_names_the_input_and_lengths() -> None:
     cell, p, _ = _lstm()
     with raises(rnnc.RnncValueError, "input 'x'", "ragged", "lengths="):
-        rnnc.compile(cell)([[[1.0, 2.0, 3.0]], [[1.0, 2.0]]], p)
+        rnnc.compile(cell, backend="numpy")([[[1.0, 2.0, 3.0]], [[1.0, 2.0]]], p)
 
 
 def test_a_python_list_x_names_the_float64_conversion() -> None:
     cell, p, d = _lstm()
     with raises(rnnc.RnncTypeError, "x is a Python list, converted to float64",
                 "np.asarray(x, np.float32)", "init_params(dtype=np.float64)"):
-        rnnc.compile(cell)(d["x"].tolist(), p)
+        rnnc.compile(cell, backend="numpy")(d["x"].tolist(), p)
     with raises(rnnc.RnncTypeError, "x is a Python list, converted to float64",
                 "np.asarray(x, np.float32)", "dtype=np.float64"):
-        rnnc.RNN("lstm", 3, 4)(d["x"].tolist())
+        rnnc.RNN("lstm", 3, 4, backend="numpy")(d["x"].tolist())
 
 
 def test_a_dtype_mismatch_names_both_fixes() -> None:
     cell, p, d = _lstm()
-    fn = rnnc.compile(cell)
+    fn = rnnc.compile(cell, backend="numpy")
     with raises(rnnc.RnncTypeError, "x is float64", "parameter 'W_ii' is float32",
                 "x.astype(np.float32)", "cell.init_params(dtype=np.float64)"):
         fn(d["x"].astype(np.float64), p)
@@ -326,9 +326,10 @@ def test_torch_tensors_in_the_numpy_api_name_the_conversion(case: str) -> None:
         x = torch.tensor(d["x"], dtype=torch.bfloat16)
         fix = "tensor.float().numpy()"
     with raises(rnnc.RnncTypeError, "input 'x'", fix):
-        rnnc.compile(cell)(x, p)
+        rnnc.compile(cell, backend="numpy")(x, p)
     with raises(rnnc.RnncTypeError, "parameter 'W_ii'", fix):
-        rnnc.compile(cell)(d["x"], {**p, "W_ii": torch.tensor(p["W_ii"], dtype=x.dtype,
+        rnnc.compile(cell,
+                     backend="numpy")(d["x"], {**p, "W_ii": torch.tensor(p["W_ii"], dtype=x.dtype,
                                                              requires_grad=x.requires_grad)})
 
 
@@ -383,14 +384,14 @@ def test_an_option_the_backend_does_not_take_lists_the_ones_it_does() -> None:
 
 def test_batch_first_data_with_states_or_lengths_says_so() -> None:
     cell, p, d = _lstm()
-    fn = rnnc.compile(cell)
+    fn = rnnc.compile(cell, backend="numpy")
     x = d["x"].transpose(1, 0, 2).copy()  # (B, T, I) = (2, 5, 3)
     with raises(rnnc.RnncValueError, "state 'h'", "batch-first", "x.transpose(1, 0, 2)",
                 "batch_first=True"):
         fn(x, p, states={"h": d["h"]})
     with raises(rnnc.RnncValueError, "lengths", "batch-first", "x.transpose(1, 0, 2)"):
         fn(x, p, lengths=np.array([5, 3]))
-    layer = rnnc.RNN("lstm", 3, 4)
+    layer = rnnc.RNN("lstm", 3, 4, backend="numpy")
     with raises(rnnc.RnncValueError, "state 'h'", "batch_first=True"):
         layer(x, states={"h": d["h"][None]})
 

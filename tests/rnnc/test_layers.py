@@ -135,13 +135,14 @@ mgu = rnnc.cells.mgu
 
 def test_custom_cell_equals_composed_single_layers():
     """Two bidirectional MGU layers with lengths equal single-layer runs composed by hand."""
-    layer = rnnc.RNN(mgu, I, H, num_layers=2, bidirectional=True, dtype=np.float64, seed=3)
+    layer = rnnc.RNN(mgu, I, H, num_layers=2, bidirectional=True, dtype=np.float64, seed=3,
+                     backend="numpy")
     assert layer.function(0) is not layer.function(1)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((T, B, I))
     h0 = rng.standard_normal((4, B, H))
     y, st = layer(x, lengths=LENGTHS, states={"h": h0})
-    fns = [rnnc.compile(mgu(I, H)), rnnc.compile(mgu(2 * H, H))]
+    fns = [rnnc.compile(mgu(I, H), backend="numpy"), rnnc.compile(mgu(2 * H, H), backend="numpy")]
     for b, n in enumerate(LENGTHS):
         inp = x[:n, b:b + 1]
         for k in range(2):
@@ -158,9 +159,9 @@ def test_custom_cell_equals_composed_single_layers():
 
 
 def test_one_function_per_cell_shape():
-    layer = rnnc.RNN("gru", 2 * H, H, num_layers=3, bidirectional=True)
+    layer = rnnc.RNN("gru", 2 * H, H, num_layers=3, bidirectional=True, backend="numpy")
     assert layer.function(0) is layer.function(1) is layer.function(2)
-    layer = rnnc.RNN("gru", I, H, num_layers=3)
+    layer = rnnc.RNN("gru", I, H, num_layers=3, backend="numpy")
     assert layer.function(0) is not layer.function(1)
     assert layer.function(1) is layer.function(2)
 
@@ -171,9 +172,9 @@ def test_one_function_per_cell_shape():
 def test_dropout_deterministic_and_off_in_eval():
     rng = np.random.default_rng(1)
     x = rng.standard_normal((T, B, I))
-    a = rnnc.RNN("lstm", I, H, num_layers=3, dropout=0.5, seed=7, dtype=np.float64)
-    b = rnnc.RNN("lstm", I, H, num_layers=3, dropout=0.5, seed=7, dtype=np.float64)
-    plain = rnnc.RNN("lstm", I, H, num_layers=3, dtype=np.float64)
+    a = rnnc.RNN("lstm", I, H, num_layers=3, dropout=0.5, seed=7, dtype=np.float64, backend="numpy")
+    b = rnnc.RNN("lstm", I, H, num_layers=3, dropout=0.5, seed=7, dtype=np.float64, backend="numpy")
+    plain = rnnc.RNN("lstm", I, H, num_layers=3, dtype=np.float64, backend="numpy")
     plain.load_flat(a.flat_weights)
     ya, _, ta = a.forward(x)
     yb, _, _ = b.forward(x)
@@ -190,7 +191,7 @@ def test_dropout_deterministic_and_off_in_eval():
 def test_dropout_gradient_central_differences():
     rng = np.random.default_rng(2)
     layer = rnnc.RNN("gru", I, H, num_layers=2, bidirectional=True, dropout=0.4, seed=1,
-                     dtype=np.float64)
+                     dtype=np.float64, backend="numpy")
     x = rng.standard_normal((T, B, I))
     h0 = rng.standard_normal((4, B, H))
     d_y = rng.standard_normal((T, B, 2 * H))
@@ -235,10 +236,12 @@ def _bits_equal(a, b) -> bool:
 @pytest.mark.parametrize("mode", ["rnn_relu", "lstm", "gru"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_torch_round_trip(mode, dtype):
-    layer = rnnc.RNN(mode, I, H, num_layers=2, bidirectional=True, seed=4, dtype=dtype)
+    layer = rnnc.RNN(mode, I, H, num_layers=2, bidirectional=True, seed=4, dtype=dtype,
+                     backend="numpy")
     module = layer.to_torch()
     assert module.num_layers == 2 and module.bidirectional
-    again = rnnc.RNN(mode, I, H, num_layers=2, bidirectional=True, seed=9, dtype=dtype)
+    again = rnnc.RNN(mode, I, H, num_layers=2, bidirectional=True, seed=9, dtype=dtype,
+                     backend="numpy")
     again.load_torch(module)
     for row_a, row_b in zip(layer.params, again.params, strict=True):
         for pa, pb in zip(row_a, row_b, strict=True):
@@ -249,28 +252,30 @@ def test_torch_round_trip(mode, dtype):
 
 def test_flat_weights_are_cudnn_order():
     module = torch_module("lstm", 2, True, False)
-    layer = rnnc.RNN("lstm", I, H, num_layers=2, bidirectional=True, dtype=np.float64)
+    layer = rnnc.RNN("lstm", I, H, num_layers=2, bidirectional=True, dtype=np.float64,
+                     backend="numpy")
     layer.load_torch(module)
     want = torch.cat([w.detach().reshape(-1) for w in module._flat_weights]).numpy()
     assert _bits_equal(layer.flat_weights, want)
-    other = rnnc.RNN("lstm", I, H, num_layers=2, bidirectional=True, dtype=np.float64, seed=5)
+    other = rnnc.RNN("lstm", I, H, num_layers=2, bidirectional=True, dtype=np.float64, seed=5,
+                     backend="numpy")
     other.load_flat(want)
     assert _bits_equal(other.flat_weights, want)
 
 
 def test_flat_weights_custom_cell():
-    layer = rnnc.RNN(mgu, I, H, num_layers=2, seed=1, dtype=np.float64)
-    other = rnnc.RNN(mgu, I, H, num_layers=2, seed=2, dtype=np.float64)
+    layer = rnnc.RNN(mgu, I, H, num_layers=2, seed=1, dtype=np.float64, backend="numpy")
+    other = rnnc.RNN(mgu, I, H, num_layers=2, seed=2, dtype=np.float64, backend="numpy")
     other.load_flat(layer.flat_weights)
     assert _bits_equal(other.flat_weights, layer.flat_weights)
 
 
 @pytest.mark.parametrize("mode", ["rnn_tanh", "lstm", "gru"])
 def test_keras_round_trip(mode):
-    layer = rnnc.RNN(mode, I, H, seed=2, dtype=np.float64)
+    layer = rnnc.RNN(mode, I, H, seed=2, dtype=np.float64, backend="numpy")
     kernel, recurrent, bias = layer.to_keras()
     assert kernel.shape == (I, W.num_gates(mode) * H)
-    other = rnnc.RNN(mode, I, H, seed=8, dtype=np.float64)
+    other = rnnc.RNN(mode, I, H, seed=8, dtype=np.float64, backend="numpy")
     other.load_keras(kernel, recurrent, bias)
     assert all(_bits_equal(a, b) for a, b in zip(other.to_keras(), (kernel, recurrent, bias),
                                                  strict=True))
@@ -298,28 +303,28 @@ def test_backend_none_picks_a_working_backend():
 ])
 def test_load_torch_mismatch(make_module, message):
     layer = rnnc.RNN("lstm", I, H, num_layers=1 if message != "bidirectional" else 2,
-                     bidirectional=message == "bidirectional")
+                     bidirectional=message == "bidirectional", backend="numpy")
     with pytest.raises(RnncError, match=message):
         layer.load_torch(make_module())
 
 
 def test_custom_cell_has_no_torch_layout():
     with pytest.raises(RnncError, match="standard mode"):
-        rnnc.RNN(mgu, I, H).to_torch()
+        rnnc.RNN(mgu, I, H, backend="numpy").to_torch()
 
 
 @pytest.mark.parametrize("dropout", [-0.1, 1.5, "0.5", True])
 def test_dropout_out_of_range(dropout):
     with pytest.raises(RnncError, match="dropout"):
-        rnnc.RNN("lstm", I, H, dropout=dropout)
+        rnnc.RNN("lstm", I, H, dropout=dropout, backend="numpy")
 
 
 def test_dropout_one_zeroes_the_layer_below():
     # torch accepts p = 1: everything passed up is zero, so the top layer sees only zeros
-    layer = rnnc.RNN("gru", I, H, num_layers=2, dropout=1.0, seed=0)
+    layer = rnnc.RNN("gru", I, H, num_layers=2, dropout=1.0, seed=0, backend="numpy")
     x = np.random.default_rng(0).standard_normal((4, 3, I)).astype(np.float32)
     y, _, tape = layer.forward(x)
-    top = rnnc.RNN("gru", H, H)
+    top = rnnc.RNN("gru", H, H, backend="numpy")
     top.params = [layer.params[1]]
     want, _ = top(np.zeros((4, 3, H), np.float32))
     np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-6)
@@ -329,15 +334,15 @@ def test_dropout_one_zeroes_the_layer_below():
 
 def test_constructor_errors():
     with pytest.raises(RnncError, match="mode"):
-        rnnc.RNN("lstmx", I, H)
+        rnnc.RNN("lstmx", I, H, backend="numpy")
     with pytest.raises(RnncError, match="num_layers"):
-        rnnc.RNN("lstm", I, H, num_layers=0)
+        rnnc.RNN("lstm", I, H, num_layers=0, backend="numpy")
     with pytest.raises(RnncError, match="backend"):
         rnnc.RNN("lstm", I, H, backend="tpu")
 
 
 def test_state_shape_errors():
-    layer = rnnc.RNN("lstm", I, H, num_layers=2, bidirectional=True)
+    layer = rnnc.RNN("lstm", I, H, num_layers=2, bidirectional=True, backend="numpy")
     x = np.zeros((T, B, I), np.float32)
     with pytest.raises(RnncError, match=r"'c' must have shape .*\(4, 3, 2\)"):
         layer(x, states={"c": np.zeros((2, B, H), np.float32)})
@@ -348,7 +353,7 @@ def test_state_shape_errors():
 
 
 def test_input_errors():
-    layer = rnnc.RNN("gru", I, H)
+    layer = rnnc.RNN("gru", I, H, backend="numpy")
     with pytest.raises(RnncError, match="3 dimensions"):
         layer(np.zeros((T, I), np.float32))
     with pytest.raises(RnncError, match=f"{I} features"):
@@ -358,7 +363,7 @@ def test_input_errors():
 
 
 def test_lengths_batch_first_mixup():
-    layer = rnnc.RNN("gru", I, H, batch_first=True)
+    layer = rnnc.RNN("gru", I, H, batch_first=True, backend="numpy")
     x = np.zeros((B, T, I), np.float32)
     with pytest.raises(RnncError, match=r"one entry per sequence.*batch_first=True"):
         layer(x, lengths=np.full(T, 2))  # T entries, not B: lengths of a time-major reading
@@ -367,10 +372,10 @@ def test_lengths_batch_first_mixup():
 
 
 def test_backward_errors():
-    layer = rnnc.RNN("gru", I, H)
+    layer = rnnc.RNN("gru", I, H, backend="numpy")
     x = np.zeros((T, B, I), np.float32)
     _, _, tape = layer.forward(x)
     with pytest.raises(RnncError, match="shape of y"):
         layer.backward(tape, np.zeros((T, B, H + 1), np.float32))
     with pytest.raises(RnncError, match="another layer"):
-        rnnc.RNN("gru", I, H).backward(tape, np.zeros((T, B, H), np.float32))
+        rnnc.RNN("gru", I, H, backend="numpy").backward(tape, np.zeros((T, B, H), np.float32))

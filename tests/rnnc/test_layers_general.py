@@ -163,14 +163,15 @@ def test_forward_matches_numpy_loop(name, backend):
 
 
 def test_state_sizes_and_names():
-    layer = rnnc.RNN(general, I, H)
+    layer = rnnc.RNN(general, I, H, backend="numpy")
     assert layer.state_sizes == {"h": H, "m": M}
     assert layer.extra_sizes == {"u": E}
     assert (layer.input_name, layer.output_name, layer.output_size) == ("x", "y", K)
 
 
 def test_proj_size_is_the_general_output_width():
-    layer = rnnc.RNN("lstm", I, H + 2, num_layers=2, bidirectional=True, proj_size=2)
+    layer = rnnc.RNN("lstm", I, H + 2, num_layers=2, bidirectional=True, proj_size=2,
+                     backend="numpy")
     assert (layer.output_size, layer.layer_input_size(1)) == (2, 4)
     assert layer.state_sizes == {"h": 2, "c": H + 2}
     y, st = layer(np.zeros((T, B, I), np.float32))
@@ -241,7 +242,7 @@ def test_batch_first_extra_inputs():
 
 
 def test_empty_batch_extra_gradients():
-    layer = rnnc.RNN(general, I, H, dtype=np.float64)
+    layer = rnnc.RNN(general, I, H, dtype=np.float64, backend="numpy")
     y, _, tape = layer.forward(np.zeros((T, 0, I)), extra={"u": np.zeros((T, 0, E))})
     assert y.shape == (T, 0, K)
     assert layer.backward(tape, y).extra["u"].shape == (T, 0, E)
@@ -285,7 +286,7 @@ def no_native(monkeypatch):
 
 def test_factory_first_input_width():
     with pytest.raises(RnncError, match=r"input size 2, its cell's first input 'x' .* 5"):
-        rnnc.RNN(lambda i, h: two_inputs(5, h), I, H)
+        rnnc.RNN(lambda i, h: two_inputs(5, h), I, H, backend="numpy")
 
 
 def test_factory_cells_must_stack():
@@ -293,12 +294,12 @@ def test_factory_cells_must_stack():
         return general(n_in, n_h) if n_in == I else two_inputs(n_in, n_h)
 
     with pytest.raises(RnncError, match="cells differ between layers"):
-        rnnc.RNN(varying, I, H, num_layers=2)
+        rnnc.RNN(varying, I, H, num_layers=2, backend="numpy")
 
 
 def test_extra_inputs_option():
     with pytest.raises(RnncError, match="extra_inputs must be 'all'.* or 'first'"):
-        rnnc.RNN(general, I, H, extra_inputs="last")
+        rnnc.RNN(general, I, H, extra_inputs="last", backend="numpy")
 
 
 @pytest.mark.parametrize(("extra", "match"), [
@@ -311,7 +312,7 @@ def test_extra_inputs_option():
     ([np.zeros((T, B, E))], r"extra must be a dict"),
 ])
 def test_extra_input_errors(no_native, extra, match):
-    layer = rnnc.RNN(general, I, H, dtype=np.float64)
+    layer = rnnc.RNN(general, I, H, dtype=np.float64, backend="numpy")
     x = np.zeros((T, B, I))
     with pytest.raises(RnncError, match=match):
         layer(x, extra=extra)
@@ -320,6 +321,6 @@ def test_extra_input_errors(no_native, extra, match):
 
 
 def test_extra_given_to_one_input_cell(no_native):
-    layer = rnnc.RNN("gru", I, H)
+    layer = rnnc.RNN("gru", I, H, backend="numpy")
     with pytest.raises(RnncError, match="unknown extra input 'u'; cell 'gru' has no extra"):
         layer(np.zeros((T, B, I), np.float32), extra={"u": np.zeros((T, B, E), np.float32)})

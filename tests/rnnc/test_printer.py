@@ -71,7 +71,7 @@ def test_traced_program_structure(name: str) -> None:
 
 @pytest.mark.parametrize("mode", ["inference", "forward", "backward"])
 def test_optimized_ir_structure_and_determinism(mode: str) -> None:
-    a = rnnc.compile(rnnc.cells.lstm(3, 4)).ir(mode)
+    a = rnnc.compile(rnnc.cells.lstm(3, 4), backend="numpy").ir(mode)
     # Compiled functions share optimized programs: run the passes afresh, on a cell traced
     # anew (other node ids), and print that.
     fresh = passes.run(rnnc.cells.lstm(3, 4).program(), passes.pipeline(mode))
@@ -84,5 +84,5 @@ def test_optimized_ir_structure_and_determinism(mode: str) -> None:
 
 
 def test_float64_program_prints_f64() -> None:
-    text = rnnc.compile(rnnc.cells.rnn(3, 4)).ir(dtype="f64")
+    text = rnnc.compile(rnnc.cells.rnn(3, 4), backend="numpy").ir(dtype="f64")
     assert "f64[" in text and "f32[" not in text

@@ -127,7 +127,7 @@ def test_seeds_streams_and_keep_rate() -> None:
     c.output("a", rnnc.bernoulli(0.3, like=h))
     c.output("b", rnnc.bernoulli(0.3, like=h))
     c.output("s", rnnc.bernoulli(0.8, like=x, per="sequence"))
-    fn = rnnc.compile(c)
+    fn = rnnc.compile(c, backend="numpy")
     xs = np.zeros((T, B, n))
     one, _ = fn(xs, {}, seed=1)
     two, _ = fn(xs, {}, seed=2)
@@ -162,7 +162,7 @@ def test_high_halves_of_the_step_row_and_seed_words(backend, options) -> None:
     from rnnc.backends import get
 
     cell = cell_of_masks()
-    program = rnnc.compile(cell).program("inference", "f64")
+    program = rnnc.compile(cell, backend="numpy").program("inference", "f64")
     seed, t = 2**64 - 3, np.array([[70_000, 70_000], [2**31 + 5, 2**31 + 5]])
     rows = np.array([[3, 65_536 + 7], [2**20, 1]])
     env = philox.random_env(seed, 2, 2, np.float64)
@@ -209,7 +209,7 @@ def test_the_reference_means_the_same_over_all_steps_at_once() -> None:
 
 
 def test_a_cell_that_draws_masks_needs_a_seed() -> None:
-    fn = rnnc.compile(cell_of_masks())
+    fn = rnnc.compile(cell_of_masks(), backend="numpy")
     x = np.zeros((2, 1, 3), np.float32)
     p = fn.cell.init_params()
     assert fn.draws_masks
@@ -227,7 +227,7 @@ def test_a_cell_that_draws_masks_needs_a_seed() -> None:
 
 def test_a_seed_on_a_cell_without_masks_is_ignored() -> None:
     cell = rnnc.cells.rnn(3, 4)
-    fn = rnnc.compile(cell)
+    fn = rnnc.compile(cell, backend="numpy")
     x = np.random.default_rng(3).standard_normal((3, 2, 3)).astype(np.float32)
     p = cell.init_params()
     assert not fn.draws_masks
@@ -308,7 +308,7 @@ def _masks(graph) -> int:
 
 @pytest.mark.parametrize("mode", ["inference", "forward", "backward"])
 def test_masks_stay_in_the_loop(mode: str) -> None:
-    program = rnnc.compile(dropout_cell()).program(mode)
+    program = rnnc.compile(dropout_cell(), backend="numpy").program(mode)
     assert _masks(program.pre) == _masks(program.post) == 0
     assert _masks(program.scan.body) >= 3
 
@@ -363,7 +363,7 @@ def test_backward_matches_central_differences_with_the_seed_fixed(backend, optio
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
 def test_mask_kernels_compile_to_ptx(dtype: str) -> None:
     """The kernels the emulator runs, with __umulhi from CUDA itself, compile for the GPU."""
-    fn = rnnc.compile(dropout_cell())
+    fn = rnnc.compile(dropout_cell(), backend="numpy")
     for mode in ("inference", "backward"):
         module = codegen.render(fn.program(mode, dtype))
         assert "__umulhi" in module.source and "rnnc_bernoulli(" in module.kernel_text
@@ -406,7 +406,7 @@ def test_double_backward_matches_central_differences_of_backward() -> None:
         return float((g.x * gx).sum() + (g.states["h"] * gh).sum()
                      + sum((g.params[k] * gp[k]).sum() for k in p))
 
-    fn = rnnc.compile(cell)
+    fn = rnnc.compile(cell, backend="numpy")
     tape = fn.forward(x, p, {"h": h0}, seed=seed)[2]
     _, _, grads = fn.double_backward(tape, dy, dh, {"x": gx}, gp, {"h": gh})
     for k in ("W", "U"):
@@ -417,7 +417,7 @@ def test_double_backward_matches_central_differences_of_backward() -> None:
 
 
 def test_check_runs_cells_that_draw_masks() -> None:
-    rnnc.compile(dropout_cell(), check=True)
+    rnnc.compile(dropout_cell(), check=True, backend="numpy")
 
 
 # ---------------------------------------------------------------- layers and torch
@@ -429,7 +429,7 @@ def _dropped(input_size: int, hidden_size: int) -> rnnc.Cell:
 
 def test_layers_take_a_seed_and_derive_one_per_layer_and_direction() -> None:
     layer = rnnc.RNN(_dropped, 3, 4, num_layers=2, bidirectional=True, seed=0,
-                     dtype=np.float64)
+                     dtype=np.float64, backend="numpy")
     assert layer.draws_masks
     x = np.random.default_rng(5).standard_normal((5, 2, 3))
     a, _ = layer(x, seed=7)

@@ -1,0 +1,62 @@
+"""The default backend: LLVM on a CPU (NumPy where LLVM cannot run), the same in
+``rnnc.compile``, ``rnnc.RNN`` and ``rnnc.torch.RNN``; NumPy stays the named oracle."""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+
+import rnnc
+from rnnc import api, backends
+from rnnc.errors import RnncTypeError
+
+
+def test_compile_layer_and_torch_module_share_the_default() -> None:
+    torch_module = pytest.importorskip("rnnc.interop.torch")
+    for entry in (rnnc.compile, api.Function, rnnc.RNN, torch_module.RNN):
+        assert inspect.signature(entry).parameters["backend"].default is None, entry
+    assert api.fastest_backend() == "llvm"  # llvmlite is a core dependency
+    assert rnnc.compile(rnnc.cells.gru(2, 3)).backend.name == "llvm"
+    assert rnnc.RNN("gru", 2, 3).backend == "llvm"
+    assert torch_module.RNN("GRU", 2, 3).layer.backend == "llvm"
+
+
+def test_the_default_runs_the_cell_as_the_oracle_does() -> None:
+    cell = rnnc.cells.gru(2, 3)
+    params = cell.init_params(seed=0, dtype=np.float64)
+    x = np.random.default_rng(0).standard_normal((4, 2, 2))
+    oracle = rnnc.compile(cell, optimize=False)  # no backend: the NumPy oracle
+    assert oracle.backend.name == "numpy"
+    got, want = rnnc.compile(cell)(x, params)[0]["y"], oracle(x, params)[0]["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_without_a_working_llvm_the_default_is_numpy(monkeypatch) -> None:
+    real = backends.get
+
+    def no_llvm(name, **options):
+        if name == "llvm":
+            raise rnnc.BackendUnavailable("backend 'llvm' needs llvmlite")
+        return real(name, **options)
+
+    monkeypatch.setattr(api, "_FASTEST", None)
+    monkeypatch.setattr(backends, "get", no_llvm)
+    assert rnnc.compile(rnnc.cells.rnn(2, 3)).backend.name == "numpy"
+    monkeypatch.setattr(api, "_FASTEST", None)  # the next test probes again
+
+
+class FakeDeviceArray:
+    """Looks like CuPy to rnnc's device check: a CUDA array interface."""
+
+    __cuda_array_interface__ = {"shape": (4, 2, 2), "typestr": "<f4", "version": 3,
+                                "data": (0, False)}
+
+
+def test_device_arrays_into_the_default_backend_say_to_pass_cuda() -> None:
+    cell = rnnc.cells.rnn(2, 3)
+    with pytest.raises(RnncTypeError, match=r"FakeDeviceArray.*backend='cuda'"):
+        rnnc.compile(cell)(FakeDeviceArray(), cell.init_params(seed=0))
+    with pytest.raises(RnncTypeError, match=r"backend='cuda'"):
+        rnnc.RNN("rnn_tanh", 2, 3)(FakeDeviceArray())
