@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import pickle
 from collections.abc import Mapping
 from functools import cached_property
@@ -21,43 +20,7 @@ from rnnc.layout import Layout
 from rnnc.names import MASK, final_state, gradient
 from rnnc.passes.autodiff import check_save_plans, save_plans
 from rnnc.printer import format_program
-
-SECOND_ORDER_CHECK = "second-order"  # check= (and RNNC_CHECK=) that adds double backward
-
-
-def _check_option(check: Any) -> bool | str:
-    """``check=`` checked: False, True or "second-order"; None reads ``RNNC_CHECK`` (unset,
-    empty or "0" is False, "second-order" adds second order, anything else is True)."""
-    if check is None:
-        value = os.environ.get("RNNC_CHECK", "").strip()
-        return SECOND_ORDER_CHECK if value == SECOND_ORDER_CHECK else value not in ("", "0")
-    if isinstance(check, bool) or check == SECOND_ORDER_CHECK:
-        return check
-    raise RnncValueError(f"check must be True, False or {SECOND_ORDER_CHECK!r} (which also "
-                         f"checks double backward), got {check!r}")
-
-
-_FASTEST: str | None = None
-
-
-def fastest_backend() -> str:
-    """The default backend on a CPU: "llvm" when it imports and runs a tiny cell correctly
-    here, else "numpy" (checked once per process)."""
-    global _FASTEST
-    if _FASTEST is None:
-        from rnnc import cells
-
-        cell = cells.rnn(2, 2)
-        params = cell.init_params(seed=0)
-        x = np.linspace(-1.0, 1.0, 6, dtype=np.float32).reshape(3, 1, 2)
-        try:
-            got, _ = Function(cell, "llvm")(x, params)
-            want, _ = Function(cell, "numpy")(x, params)
-            ok = np.allclose(got["y"], want["y"], rtol=1e-4, atol=1e-5)
-        except Exception:  # noqa: BLE001 - any failure (import, JIT, BLAS) means "not usable"
-            ok = False
-        _FASTEST = "llvm" if ok else "numpy"
-    return _FASTEST
+from rnnc.settings import SECOND_ORDER_CHECK, check_option, fastest_backend, resolve_backend
 
 
 class Function:
@@ -75,11 +38,7 @@ class Function:
                             ("parallel_scan", True if parallel_scan is None else parallel_scan)):
             if not isinstance(value, bool):
                 raise RnncTypeError(f"{flag} must be True or False, got {value!r}")
-        if backend is None:  # the oracle is the NumPy interpreter; anything else runs fastest
-            backend = fastest_backend() if optimize else "numpy"
-        if not optimize and backend != "numpy":
-            raise RnncValueError(f"optimize=False is the NumPy oracle: it needs backend='numpy', "
-                                 f"got backend={backend!r}")
+        backend = resolve_backend(backend, optimize)
         cell.check()
         self.cell = cell
         self.optimize = optimize
@@ -105,7 +64,7 @@ class Function:
         self.layout = Layout(
             [b for b in prepared.meta.get("layout", ())] or Layout.identity(self.params).blocks,
             self.params)
-        check = _check_option(check)
+        check = check_option(check)
         if check and optimize:
             from rnnc.check import check_function
 
@@ -183,10 +142,8 @@ class Function:
         return counts
 
     def launch_report(self) -> list[dict[str, Any]]:
-        """How each program run so far launches each shape: one row per program (``program``,
-        ``dtype``, ``lengths``) and shape, from a backend with launch plans (CUDA: the path,
-        how it was chosen, the tuning time of the first call, CUDA graph or not; see
-        ``backends/cuda/runtime.py``); empty for the other backends."""
+        """One row per program run so far and shape: how the CUDA backend launches it (path, how
+        it was chosen, first call's tuning time, graph or not); empty on other backends."""
         with self._lock:
             runners = sorted(self._runners.items())
         return [{"program": mode, "dtype": dtype, "lengths": masked, **row}
@@ -380,8 +337,8 @@ class Function:
 
 
 def compile(cell: Cell, backend: str | None = None, *, optimize: bool = True,  # noqa: A001
-            check: bool | str | None = None, reverse: bool = False, parallel_scan: bool | None = None,
-            **options: Any) -> Function:
+            check: bool | str | None = None, reverse: bool = False,
+            parallel_scan: bool | None = None, **options: Any) -> Function:
     """Compile ``cell`` for ``backend`` ("numpy", "llvm" or "cuda"; None: the default).
 
     The default is the fastest backend for host data: "llvm" (native code for this CPU), or

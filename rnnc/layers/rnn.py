@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from rnnc import cells, process
-from rnnc.api import Function, fastest_backend
+from rnnc.api import Function
 from rnnc.api import compile as compile_cell
 from rnnc.dsl import Cell
 from rnnc.layers import backward as backward_paths
@@ -24,6 +24,7 @@ from rnnc.layers import checks
 from rnnc.layers.backward import LayerGrads, States
 from rnnc.layers.checks import CellFactory, Grid, check_dropout
 from rnnc.layers.run import LayerTape, Result, run
+from rnnc.settings import fastest_backend
 
 # Standard cells' compiled functions shared by layers, least recently used first out: a layer
 # keeps its own references, so an evicted function lives on for as long as a layer uses it.

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import rnnc
-from rnnc import api, backends
+from rnnc import api, backends, settings
 from rnnc.errors import RnncTypeError
 
 
@@ -17,7 +17,7 @@ def test_compile_layer_and_torch_module_share_the_default() -> None:
     torch_module = pytest.importorskip("rnnc.interop.torch")
     for entry in (rnnc.compile, api.Function, rnnc.RNN, torch_module.RNN):
         assert inspect.signature(entry).parameters["backend"].default is None, entry
-    assert api.fastest_backend() == "llvm"  # llvmlite is a core dependency
+    assert settings.fastest_backend() == "llvm"  # llvmlite is a core dependency
     assert rnnc.compile(rnnc.cells.gru(2, 3)).backend.name == "llvm"
     assert rnnc.RNN("gru", 2, 3).backend == "llvm"
     assert torch_module.RNN("GRU", 2, 3).layer.backend == "llvm"
@@ -41,10 +41,10 @@ def test_without_a_working_llvm_the_default_is_numpy(monkeypatch) -> None:
             raise rnnc.BackendUnavailable("backend 'llvm' needs llvmlite")
         return real(name, **options)
 
-    monkeypatch.setattr(api, "_FASTEST", None)
+    monkeypatch.setattr(settings, "_FASTEST", None)
     monkeypatch.setattr(backends, "get", no_llvm)
     assert rnnc.compile(rnnc.cells.rnn(2, 3)).backend.name == "numpy"
-    monkeypatch.setattr(api, "_FASTEST", None)  # the next test probes again
+    monkeypatch.setattr(settings, "_FASTEST", None)  # the next test probes again
 
 
 class FakeDeviceArray:
