@@ -75,7 +75,7 @@ from rnnc.ir import ARG, FUSED, GET, Graph, Node, Program
 from rnnc.ops import Op
 from rnnc.passes import register
 from rnnc.passes._rewrite import constant_value, remove_dead
-from rnnc.passes._sums import absorbed, build, grouped, is_bias, leaves, tree
+from rnnc.passes._sums import Invariance, absorbed, build, grouped, is_bias, leaves, tree
 
 _is_bias = is_bias  # tests/rnnc/test_check.py builds a faulty rule from it
 
@@ -90,8 +90,8 @@ class Rule:
     name: str
     op: Op | None  # None: any op
     rewrite: Callable[..., int | None]
-    # True: ``rewrite(g, node, invariant)`` also gets the names of the graph's inputs that are
-    # the same on every step (parameters, loop constants).
+    # True: ``rewrite(g, node, invariant)`` also gets the graph's ``Invariance``: which nodes
+    # are the same on every step (they read only parameters, loop constants, constants).
     takes_invariant: bool = False
 
 
@@ -154,7 +154,7 @@ def _one_minus_one_minus(g: Graph, node: Node) -> int | None:
     return None
 
 
-def _reassociate(g: Graph, node: Node, invariant: Set[str]) -> int | None:
+def _reassociate(g: Graph, node: Node, invariant: Invariance) -> int | None:
     """A sum of several terms in its canonical grouping (``passes/_sums.py``): the terms that
     are the same on every step added first, as one subexpression, paired with the first
     matmul; every other term in its place.
@@ -201,7 +201,7 @@ class _Rewriter:
     def __init__(self, g: Graph, keep_args: set[str], invariant: Set[str]) -> None:
         self.g = g
         self.keep = keep_args
-        self.invariant = invariant
+        self.invariant = Invariance(g, invariant)
         self.seen: dict[tuple, int] = {}
         self.work: list[int] = []
         self.queued: set[int] = set()
@@ -265,6 +265,7 @@ class _Rewriter:
         g = self.g
         users = g.users(old)
         operands = g.node(old).inputs
+        self.invariant.replaced(old, new)
         g.replace_all_uses(old, new)
         for u in users:
             self.push(u)

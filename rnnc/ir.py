@@ -155,6 +155,10 @@ class Graph:
         """Input name -> node, in node order."""
         return dict(sorted(self._arg_index().items(), key=lambda item: item[1]))
 
+    def input_node(self, name: str) -> int | None:
+        """The input named ``name``, or None: one look-up, where ``args()`` sorts them all."""
+        return self._arg_index().get(name)
+
     def users(self, nid: int) -> list[int]:
         return sorted({v for _, v in self.nx.out_edges(nid)})
 
