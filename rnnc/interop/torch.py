@@ -39,6 +39,7 @@ from rnnc.interop.cell_params import TORCH_MODES
 from rnnc.interop.torch_autograd import from_numpy, to_numpy
 from rnnc.layers import RNN as Layer
 from rnnc.layers import CellFactory, Grid, check_dropout, check_picklable
+from rnnc.layers.checks import SINGLE_LAYER_DROPOUT, warn_single_layer_dropout
 
 _TORCH_BASE_NAMES = ("weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr")
 
@@ -69,10 +70,7 @@ def _check_arguments(mode: Any, nonlinearity: str | None, input_size: Any, hidde
     except RnncValueError:
         raise RnncValueError(f"dropout should be a number in range [0, 1] representing the "
                              f"probability of an element being zeroed, got {dropout!r}") from None
-    if dropout > 0 and num_layers == 1:
-        warnings.warn(f"dropout adds dropout after all but the last recurrent layer, so "
-                      f"non-zero dropout expects num_layers greater than 1, but got "
-                      f"dropout={dropout} and num_layers={num_layers}", stacklevel=3)
+    warn_single_layer_dropout(dropout, num_layers, stacklevel=3)
     for name, value in (("bias", bias), ("batch_first", batch_first)):
         if not isinstance(value, bool):
             raise RnncTypeError(f"{name} should be of type bool, got: {type(value).__name__}")
@@ -113,10 +111,13 @@ class RNN(nn.Module):
         self._op_key = torch_ops.register(self)
         mode = _check_arguments(mode, nonlinearity, input_size, hidden_size, num_layers, bias,
                                 batch_first, dropout, proj_size)
-        self.layer = Layer(mode, input_size, hidden_size, num_layers=num_layers,
-                           bidirectional=bidirectional, dropout=dropout,
-                           batch_first=batch_first, backend=backend, seed=0,
-                           proj_size=proj_size, extra_inputs=extra_inputs, **backend_options)
+        with warnings.catch_warnings():  # said once above, where torch says it
+            warnings.filterwarnings("ignore", SINGLE_LAYER_DROPOUT.split(",")[0])
+            self.layer = Layer(mode, input_size, hidden_size, num_layers=num_layers,
+                               bidirectional=bidirectional, dropout=dropout,
+                               batch_first=batch_first, backend=backend, seed=0,
+                               proj_size=proj_size, extra_inputs=extra_inputs,
+                               **backend_options)
         self.mode = mode
         if mode in ("rnn_tanh", "rnn_relu"):
             self.nonlinearity = mode[4:]
