@@ -1,18 +1,19 @@
 """canonicalize: CSE, DCE, constant folding, algebraic identities and regrouped sums.
 
 Equal nodes merge, dead ones go, ops on scalar constants fold, and ``a*1``, ``a+0``, ``a-0``,
-``a/1``, ``--a`` and ``1-(1-a)`` simplify; ``x**p`` for p in 1, 2, 0.5, -0.5 and -1 becomes
-``x``, ``x*x``, ``sqrt``, ``rsqrt`` or ``1/x``. A sum of several terms (a chain of adds, each
-term counted as often as it occurs) is regrouped (``passes/_sums.py``): the terms that are the
-same on every step (they read only parameters, loop constants and constants) are added together
-first, as one subexpression, which hoist-sequence makes one loop constant computed once per
-call, so ``x@W + b_ih + h@U + b_hh`` adds one bias per step, not two, and ``x@W + b + b`` is
-``x@W + (b + b)``; that part pairs with the sum's first matmul (``(x@W + b) + h@U``), which
-lets gate fusion fold a lone bias vector per side into its packed matmul. Only plain sums are
-regrouped: GRU's ``r * (h@W_hn + b_hn)`` keeps its bias inside. The rewrites repeat until none
-applies, so a second run changes nothing. ``stop_gradient`` is never removed, although it is
-the identity: this pass runs before autodiff, which must see it (and backends compute it as a
-copy).
+``a/1``, ``--a`` and ``1-(1-a)`` simplify; ``x**p`` for p in 1, 2 and -1 becomes ``x``,
+``x*x`` or ``1/x`` (``x**0.5`` does not become ``sqrt(x)``: at -0 and -inf, ``pow`` and
+``sqrt`` differ; backends compute such powers by a square root themselves). A sum of several
+terms (a chain of adds, each term counted as often as it occurs) is regrouped
+(``passes/_sums.py``): the terms that are the same on every step (they read only parameters,
+loop constants and constants) are added together first, as one subexpression, which
+hoist-sequence makes one loop constant computed once per call, so ``x@W + b_ih + h@U + b_hh``
+adds one bias per step, not two, and ``x@W + b + b`` is ``x@W + (b + b)``; that part pairs with
+the sum's first matmul (``(x@W + b) + h@U``), which lets gate fusion fold a lone bias vector per
+side into its packed matmul. Only plain sums are regrouped: GRU's ``r * (h@W_hn + b_hn)`` keeps
+its bias inside. The rewrites repeat until none applies, so a second run changes nothing.
+``stop_gradient`` is never removed, although it is the identity: this pass runs before
+autodiff, which must see it (and backends compute it as a copy).
 
 Example (``tests/passes/test_pass_examples.py`` checks the listings)::
 
@@ -125,15 +126,13 @@ def _fold(g: Graph, node: Node) -> int | None:
 
 
 def _cheap_power(g: Graph, node: Node) -> int | None:
-    """``x**1 -> x``, ``x**2 -> x*x``, ``x**0.5 -> sqrt(x)``, ``x**-0.5 -> rsqrt(x)``,
-    ``x**-1 -> 1/x``: the same values (to rounding) without a general power."""
+    """``x**1 -> x``, ``x**2 -> x*x``, ``x**-1 -> 1/x``: the same values (to rounding, and at
+    every special value) without a general power."""
     x, p = node.inputs[0], node.attrs["exponent"]
     if p == 1.0:
         return _same_type(g, node, x)
     if p == 2.0:
         return g.add(ops.mul, (x, x), origin=ORIGIN)
-    if p in (0.5, -0.5):
-        return g.add(ops.sqrt if p > 0 else ops.rsqrt, (x,), origin=ORIGIN)
     if p == -1.0:
         one = g.add(ops.constant, (), {"value": 1.0}, origin=ORIGIN)
         return g.add(ops.div, (one, x), origin=ORIGIN)
