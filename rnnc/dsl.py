@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from rnnc import dsl_random, ops
-from rnnc.dsl_checks import check_allocatable, check_name, check_size
+from rnnc.dsl_checks import check_allocatable, check_name, check_size, initial_values
 from rnnc.dsl_docs import DOCS
 from rnnc.errors import CellError, RnncTypeError, RnncValueError, ShapeError
 from rnnc.ir import NO_GRAD, Carry, Graph, Program, Scan, Type
@@ -194,31 +194,6 @@ def apply(op: ops.Op, *args: Any, **attrs: Any) -> Value:
     return Value(cell, nid)
 
 
-def _initial_values(name: str, init: Init, rng: np.random.Generator, shape: tuple[int, ...]
-                    ) -> np.ndarray:
-    """What ``init(rng, shape)`` returns for parameter ``name``: real numbers of ``shape``
-    (strings, objects, complex numbers, booleans and ragged lists are mistakes, not values)."""
-    what = f"init of parameter {name!r}"
-    try:
-        values = init(rng, shape)
-    except Exception as error:
-        raise CellError(f"{what} failed: {type(error).__name__}: {error} (it is called as "
-                        f"init(rng, shape), with a numpy Generator and the shape {shape}, "
-                        f"and returns an array of that shape)") from error
-    try:
-        arr = np.asarray(values)
-    except ValueError as error:  # ragged nested lists
-        raise CellError(f"{what} returned {type(values).__name__} that is not an array "
-                        f"({error}); expected a float array of shape {shape}") from None
-    if arr.dtype == np.bool_ or not (np.issubdtype(arr.dtype, np.integer)
-                                     or np.issubdtype(arr.dtype, np.floating)):
-        raise CellError(f"{what} returned {type(values).__name__} of dtype {arr.dtype}; "
-                        f"expected real numbers: a float array of shape {shape}")
-    if arr.shape != shape:
-        raise CellError(f"{what} returned shape {arr.shape}, expected {shape}")
-    return arr
-
-
 class Cell:
     """One time step of a recurrent cell, recorded by tracing."""
 
@@ -333,7 +308,7 @@ class Cell:
             if init is None:
                 arr = rng.uniform(-bound, bound, size=shape)
             elif callable(init):
-                arr = _initial_values(name, init, rng, shape)
+                arr = initial_values(name, init, rng, shape)
             else:
                 arr = np.full(shape, float(init))
             out[name] = np.ascontiguousarray(arr, dtype=dtype)

@@ -1,5 +1,5 @@
-"""Vectorizable exp, log, tanh and sigmoid written directly in LLVM IR (and from them
-log1p, softplus and powers, whose error the table does not bound).
+"""Vectorizable exp, log, tanh and sigmoid written directly in LLVM IR (and from them log1p,
+softplus, whose error the table does not bound, and powers, in ``powers.py``).
 
 LLVM lowers its own ``llvm.exp``/``llvm.log`` intrinsics to scalar libm calls,
 which stops the loop vectorizer. These emitters build the functions from plain
@@ -26,15 +26,19 @@ exp        0.86 ULP          0.86 ULP          1 ULP
 log        0.79 ULP          0.77 ULP          1 ULP
 tanh       1.36 ULP          1.32 ULP          1.5 ULP
 sigmoid    2.08 ULP          2.39 ULP          2.5 ULP
+x ** p     0.50 ULP          1.49 ULP          2 ULP
 =========  ================  ================  =========
+
+``x ** p`` is measured for p in 1.5, 2.5, -1.5, 1/3, -2.7, 0.1, 7.25 and ±0.5 (an integer p up
+to 64 is a chain of products instead; past 64 the error grows with p, to about 5 ULP at 65).
 
 Special values: ``exp(+inf) = +inf``, ``exp(-inf) = 0``, overflow gives ``+inf`` and
 underflow gives denormals then ``0``; ``log(±0) = -inf``, ``log(x < 0) = NaN``,
 ``log(+inf) = +inf``, denormal inputs are rescaled, not flushed; ``tanh`` returns exactly
 ``±1`` once the true value rounds there and keeps ``-0``; ``sigmoid`` is never NaN
 for a non-NaN input, lies in ``[0, 1]``, and keeps relative accuracy for large
-negative inputs (it is ``exp(x)/(1+exp(x))`` there, so denormal results appear).
-NaN inputs give NaN everywhere.
+negative inputs (it is ``exp(x)/(1+exp(x))`` there, so denormal results appear);
+``x ** p`` has C99 ``pow``'s values. NaN inputs give NaN everywhere (but ``1 ** p`` is 1).
 """
 
 from __future__ import annotations
@@ -44,8 +48,8 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-__all__ = ["emit_exp", "emit_log", "emit_log1p", "emit_power", "emit_sigmoid", "emit_softplus",
-           "emit_tanh", "intrinsic", "vector_width"]
+__all__ = ["Emitter", "emit_exp", "emit_log", "emit_log1p", "emit_sigmoid", "emit_softplus",
+           "emit_tanh", "exp_value", "intrinsic", "log_reduced", "vector_width"]
 
 
 @dataclass(frozen=True)
@@ -147,7 +151,7 @@ def intrinsic(module: ir.Module, name: str, type_: ir.Type, arity: int) -> ir.Fu
     return ir.Function(module, ir.FunctionType(type_, [type_] * arity), full)
 
 
-class _Emitter:
+class Emitter:
     """Typed constant and intrinsic helpers for one float or float-vector type."""
 
     def __init__(self, builder: ir.IRBuilder, value: ir.Value) -> None:
@@ -219,11 +223,11 @@ class _Emitter:
 
 def emit_exp(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
     """Emit exp(x) for a float, double or float-vector value."""
-    e = _Emitter(builder, x)
-    return _exp(e, x)
+    e = Emitter(builder, x)
+    return exp_value(e, x)
 
 
-def _exp(e: _Emitter, x: ir.Value) -> ir.Value:
+def exp_value(e: Emitter, x: ir.Value) -> ir.Value:
     b, fmt = e.b, e.fmt
     # minnum/maxnum drop a NaN operand, so NaN is put back at the end.
     xc = e.maxnum(e.minnum(x, e.f(fmt.exp_high)), e.f(fmt.exp_low))
@@ -246,7 +250,7 @@ def _exp(e: _Emitter, x: ir.Value) -> ir.Value:
     return b.select(e.is_nan(x), x, scaled)
 
 
-def _log_reduced(e: _Emitter, x: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
+def log_reduced(e: Emitter, x: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
     """musl's reduction of log(x), x > 0 finite: x = 2**k * (1 + f) with 1 + f in
     [sqrt(1/2), sqrt(2)); returns ``(k, f, hfsq, tail)`` as floats, where
     log(1 + f) = f - hfsq + tail, hfsq = f*f/2 and ``tail`` is small (|tail| < f**3)."""
@@ -276,9 +280,9 @@ def _log_reduced(e: _Emitter, x: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value
 
 def emit_log(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
     """Emit the natural logarithm of a float, double or float-vector value."""
-    e = _Emitter(builder, x)
+    e = Emitter(builder, x)
     b, fmt = builder, e.fmt
-    dk, f, half_f_squared, result = _log_reduced(e, x)
+    dk, f, half_f_squared, result = log_reduced(e, x)
     result = b.fadd(result, b.fmul(dk, e.f(fmt.log_ln2_low)))
     result = b.fsub(result, half_f_squared)
     result = b.fadd(result, f)
@@ -315,7 +319,7 @@ _TANH_F64_Q = (
 
 def emit_tanh(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
     """Emit tanh(x) for a float, double or float-vector value."""
-    e = _Emitter(builder, x)
+    e = Emitter(builder, x)
     b = builder
     # tanh is odd: work on |x| and copy the sign back, which also keeps -0 and
     # puts NaN through unchanged.
@@ -329,7 +333,7 @@ def emit_tanh(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
     small = e.muladd(b.fmul(a, z), ratio, a)
     # Away from zero: exp(2|x|) overflows to +inf for large |x|, 2/inf is 0, and
     # the result is exactly 1, so saturation needs no extra branch.
-    s = _exp(e, b.fadd(a, a))
+    s = exp_value(e, b.fadd(a, a))
     large = b.fsub(e.f(1.0), b.fdiv(e.f(2.0), b.fadd(s, e.f(1.0))))
     # An unordered compare sends NaN to the large branch, which propagates it.
     magnitude = b.select(b.fcmp_ordered("<", a, e.f(0.625)), small, large)
@@ -338,10 +342,10 @@ def emit_tanh(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
 
 def emit_sigmoid(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
     """Emit 1 / (1 + exp(-x)) for a float, double or float-vector value."""
-    e = _Emitter(builder, x)
+    e = Emitter(builder, x)
     b = builder
     # exp(-|x|) lies in (0, 1], so nothing overflows and no inf/inf NaN arises.
-    ex = _exp(e, b.fsub(e.f(-0.0), e.fabs(x)))
+    ex = exp_value(e, b.fsub(e.f(-0.0), e.fabs(x)))
     q = b.fdiv(ex, b.fadd(ex, e.f(1.0)))
     # q = sigmoid(-|x|) keeps relative accuracy down to denormals; the positive
     # side is 1 - q, which is exactly 1 only once q is below half an ULP of 1.
@@ -355,7 +359,7 @@ def emit_log1p(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
     With u = 1 + x rounded, log1p(x) = log(u) * x / (u - 1): the quotient corrects the
     rounding of u (Goldberg, "What every computer scientist should know about floating-point
     arithmetic", theorem 4); where u rounds to 1, log1p(x) = x to within an ULP."""
-    e = _Emitter(builder, x)
+    e = Emitter(builder, x)
     b = builder
     u = b.fadd(x, e.f(1.0))
     corrected = b.fdiv(b.fmul(emit_log(b, u), x), b.fsub(u, e.f(1.0)))
@@ -366,140 +370,9 @@ def emit_log1p(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
 
 def emit_softplus(builder: ir.IRBuilder, x: ir.Value) -> ir.Value:
     """Emit log(1 + exp(x)) as max(x, 0) + log1p(exp(-|x|)): nothing overflows."""
-    e = _Emitter(builder, x)
+    e = Emitter(builder, x)
     b = builder
-    tail = emit_log1p(b, _exp(e, b.fsub(e.f(-0.0), e.fabs(x))))
+    tail = emit_log1p(b, exp_value(e, b.fsub(e.f(-0.0), e.fabs(x))))
     # An ordered compare sends NaN to x, and NaN + tail is NaN.
     positive = b.select(b.fcmp_ordered("<", x, e.f(0.0)), e.f(0.0), x)
     return b.fadd(positive, tail)
-
-
-def _two_sum(e: _Emitter, a: ir.Value, b_: ir.Value) -> tuple[ir.Value, ir.Value]:
-    """a + b as s + err exactly (Knuth), in plain arithmetic."""
-    b = e.b
-    total = b.fadd(a, b_)
-    b_virtual = b.fsub(total, a)
-    a_virtual = b.fsub(total, b_virtual)
-    err = b.fadd(b.fsub(a, a_virtual), b.fsub(b_, b_virtual))
-    return total, err
-
-
-def _two_product(e: _Emitter, a: ir.Value, b_: ir.Value) -> tuple[ir.Value, ir.Value]:
-    """a * b as p + err exactly (Dekker), for |a|, |b| below 2**996: no fused multiply-add
-    needed, so the result does not depend on the CPU."""
-    b = e.b
-
-    def split(v: ir.Value) -> tuple[ir.Value, ir.Value]:
-        c = b.fmul(v, e.f(134217729.0))
-        hi = b.fsub(c, b.fsub(c, v))
-        return hi, b.fsub(v, hi)
-
-    product = b.fmul(a, b_)
-    (ah, al), (bh, bl) = split(a), split(b_)
-    err = b.fsub(b.fmul(ah, bh), product)
-    err = b.fadd(err, b.fmul(ah, bl))
-    err = b.fadd(err, b.fmul(al, bh))
-    return product, b.fadd(err, b.fmul(al, bl))
-
-
-def _power_of_positive_f64(e: _Emitter, a: ir.Value, exponent: float) -> ir.Value:
-    """a ** exponent for finite a > 0 in double precision: exp(exponent * log(a)) with the
-    logarithm and the product carried as double-double, so that the product's error is far
-    below an ULP of the result even where it is hundreds (plain: up to 256 ULP); then
-    exp(y_hi + y_lo) = exp(y_hi) * (1 + y_lo)."""
-    b, fmt = e.b, e.fmt
-    dk, f, hfsq, tail = _log_reduced(e, a)
-    # hfsq = f*f/2 rounded; its rounding error exactly (f/2 is exact).
-    exact_hfsq, hfsq_err = _two_product(e, b.fmul(f, e.f(0.5)), f)
-    log1p_hi, err = _two_sum(e, f, b.fsub(e.f(0.0), exact_hfsq))
-    log1p_lo = b.fadd(b.fsub(err, hfsq_err), tail)
-    # k * ln2_high is exact (ln2_high ends in zero bits); k * ln2_low is far below an ULP.
-    log_hi, err = _two_sum(e, b.fmul(dk, e.f(fmt.log_ln2_high)), log1p_hi)
-    log_lo = b.fadd(err, b.fadd(log1p_lo, b.fmul(dk, e.f(fmt.log_ln2_low))))
-    log_hi, log_lo = _two_sum(e, log_hi, log_lo)
-    y_hi, err = _two_product(e, log_hi, e.f(exponent))
-    y_lo = b.fadd(err, b.fmul(log_lo, e.f(exponent)))
-    y_hi, y_lo = _two_sum(e, y_hi, y_lo)
-    big = _exp(e, y_hi)
-    corrected = e.muladd(big, y_lo, big)
-    # At 0 or inf, inf * 0 is NaN: exp(y_hi) is the answer there.
-    return b.select(e.is_nan(corrected), big, corrected)
-
-
-def _power_of_positive(e: _Emitter, a: ir.Value, exponent: float) -> ir.Value:
-    """a ** exponent for finite a > 0: float32 through float64 (its error is then far below a
-    float32 ULP), float64 in double-double."""
-    b = e.b
-    if e.fmt.bits == 64 and abs(exponent) < 2.0**900:
-        return _power_of_positive_f64(e, a, exponent)
-    if e.fmt.bits == 64:  # the result is 0 or inf wherever log(a) is not tiny
-        return _exp(e, b.fmul(emit_log(b, a), e.f(exponent)))
-    wide_type = ir.VectorType(ir.DoubleType(), e.lanes) if e.lanes else ir.DoubleType()
-    wide_a = b.fpext(a, wide_type)
-    wide = _Emitter(b, wide_a)
-    y = b.fmul(emit_log(b, wide_a), wide.f(exponent))
-    return b.fptrunc(_exp(wide, y), e.type)
-
-
-def _square_root_power(e: _Emitter, x: ir.Value, exponent: float) -> ir.Value:
-    """x ** 0.5 and x ** -0.5 by a square root (correctly rounded), with pow's values where
-    sqrt's differ: +0 at -0 (x + 0.0 turns -0 into +0) and +inf (or +0) at -inf."""
-    b = e.b
-    root = b.call(e._intrinsic("sqrt", 1), [b.fadd(x, e.f(0.0))])
-    if exponent < 0:
-        root = b.fdiv(e.f(1.0), root)
-    at_minus_inf = e.f(float("inf") if exponent > 0 else 0.0)
-    return b.select(b.fcmp_ordered("==", x, e.f(float("-inf"))), at_minus_inf, root)
-
-
-def _integer_power(e: _Emitter, x: ir.Value, exponent: int) -> ir.Value:
-    """A chain of squarings and products: exact signs for negative x, at most 12 roundings."""
-    b = e.b
-    n = abs(exponent)
-    result, square = None, x
-    while n:
-        if n & 1:
-            result = square if result is None else b.fmul(result, square)
-        n >>= 1
-        if n:
-            square = b.fmul(square, square)
-    if result is None:  # x ** 0 is 1, NaN included, as in C99
-        return e.f(1.0)
-    return b.fdiv(e.f(1.0), result) if exponent < 0 else result
-
-
-def emit_power(builder: ir.IRBuilder, x: ir.Value, exponent: float) -> ir.Value:
-    """Emit x ** exponent for a constant exponent, with C99 ``pow``'s values.
-
-    An integer exponent up to 64 in magnitude is a chain of products; ±0.5 a square root;
-    any other exponent exp(exponent * log|x|), accurate to about an ULP (float32 computes it in
-    float64, float64 in double-double), then pow's special values: x < 0 gives NaN unless the
-    exponent is an integer (odd: the sign of x), ±0 and ±inf give 0 or inf, 1 gives 1."""
-    e = _Emitter(builder, x)
-    b = builder
-    integral = math.isinf(exponent) or float(exponent).is_integer()
-    if integral and abs(exponent) <= 64:
-        return _integer_power(e, x, int(exponent))
-    if exponent in (0.5, -0.5):
-        return _square_root_power(e, x, exponent)
-    if math.isnan(exponent):
-        return b.select(b.fcmp_ordered("==", x, e.f(1.0)), e.f(1.0), e.f(float("nan")))
-    a = e.fabs(x)
-    result = _power_of_positive(e, a, exponent)
-    inf = float("inf")
-    result = b.select(b.fcmp_ordered("==", a, e.f(0.0)), e.f(0.0 if exponent > 0 else inf),
-                      result)
-    result = b.select(b.fcmp_ordered("==", a, e.f(inf)), e.f(inf if exponent > 0 else 0.0),
-                      result)
-    # 1 ** p is 1 for every p, and so is (-1) ** ±inf.
-    one = b.fcmp_ordered("==", a if math.isinf(exponent) else x, e.f(1.0))
-    result = b.select(one, e.f(1.0), result)
-    odd = integral and not math.isinf(exponent) and abs(exponent) < 2.0**53 \
-        and int(exponent) % 2 == 1
-    if odd:
-        result = e.copysign(result, x)
-    elif not integral:  # a negative base to a fractional power; -inf is pow's exception
-        negative = b.and_(b.fcmp_ordered("<", x, e.f(0.0)),
-                          b.fcmp_ordered("!=", x, e.f(-inf)))
-        result = b.select(negative, e.f(float("nan")), result)
-    return b.select(e.is_nan(x), x, result)

@@ -14,7 +14,7 @@ pytest.importorskip("llvmlite")
 import llvmlite.binding as llvm  # noqa: E402
 from llvmlite import ir  # noqa: E402
 
-from rnnc.backends.llvm import mathlib  # noqa: E402
+from rnnc.backends.llvm import mathlib, powers  # noqa: E402
 
 # Reference values beyond the target type's range overflow to inf on purpose.
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
@@ -302,7 +302,7 @@ def power_jit() -> _Jit:
     saved = dict(FUNCTIONS)
     FUNCTIONS.clear()
     for k, p in enumerate(POWERS + (65.0, 66.0)):
-        FUNCTIONS[f"power{k}"] = lambda b, x, p=p: mathlib.emit_power(b, x, p)
+        FUNCTIONS[f"power{k}"] = lambda b, x, p=p: powers.emit_power(b, x, p)
     try:
         return _Jit()
     finally:
