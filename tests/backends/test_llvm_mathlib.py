@@ -315,7 +315,7 @@ def power_jit() -> _Jit:
 def test_power_is_accurate_to_two_ulp(power_jit: _Jit, k: int, dtype) -> None:
     # exp(p * log(x)) in the target precision was off by up to 104 ULP (float32) and 256 ULP
     # (float64): the error of log(x) grows with |log(x)| and is then multiplied by p.
-    x = np.abs(np.concatenate([_sweep(dtype)[::3], _specials(dtype)]))
+    x = np.abs(np.concatenate([_sweep(dtype)[::12], _specials(dtype)]))  # 200,000 to 500,000
     got = power_jit(f"power{k}", x)
     wide = np.float64 if dtype == np.float32 else np.longdouble
     with np.errstate(all="ignore"):
