@@ -25,7 +25,7 @@ def env_names(p: Program) -> set[str]:
 
 def arg_of(g: Graph, name: str, shape: tuple, role: str, origin: str) -> int:
     """The input node of ``g`` named ``name``, made if missing."""
-    have = g.args().get(name)
+    have = g.input_node(name)
     return have if have is not None else g.arg(name, shape, role, origin)
 
 

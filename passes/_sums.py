@@ -76,20 +76,43 @@ def leaves(t: Tree) -> list[int]:
     return out
 
 
-def reads_only(g: Graph, nid: int, invariant: Set[str]) -> bool:
-    """Whether ``nid`` reads no input outside ``invariant`` (constants are invariant): the
-    same value on every step of the loop."""
-    seen: set[int] = set()
-    stack = [nid]
-    while stack:
-        node = g.node(stack.pop())
-        if node.op is ARG and node.attrs["name"] not in invariant:
-            return False
-        for i in node.inputs:
-            if i not in seen:
-                seen.add(i)
-                stack.append(i)
-    return True
+class Invariance:
+    """Which nodes read no input outside ``invariant`` (constants are invariant): the same value
+    on every step of the loop. Memoized per node, so that the terms of every sum along a chain of
+    n steps take O(n) in all, not a walk to the chain's start each (O(n**2))."""
+
+    def __init__(self, g: Graph, invariant: Set[str]) -> None:
+        self.g = g
+        self.invariant = invariant
+        self.known: dict[int, bool] = {}
+
+    def __call__(self, nid: int) -> bool:
+        """Whether ``nid`` reads only invariant inputs (iterative: chains are deep)."""
+        known, g = self.known, self.g
+        stack = [nid]
+        while stack:
+            top = stack[-1]
+            if top in known:
+                stack.pop()
+                continue
+            node = g.node(top)
+            todo = [i for i in node.inputs if i not in known]
+            if todo:
+                stack.extend(todo)
+                continue
+            stack.pop()
+            if node.op is ARG:
+                known[top] = node.attrs["name"] in self.invariant
+            else:
+                known[top] = all(known[i] for i in node.inputs)
+        return known[nid]
+
+    def replaced(self, old: int, new: int) -> None:
+        """``new`` takes the place of ``old`` in its users. Rewrites keep values, so they keep
+        invariance too, and the answers known for the users stay true; where a rewrite did
+        change it, every answer known is forgotten (recomputed on demand)."""
+        if old in self.known and self(new) != self.known[old]:
+            self.known.clear()
 
 
 def _fold_left(items: list[Tree]) -> Tree:
@@ -99,10 +122,10 @@ def _fold_left(items: list[Tree]) -> Tree:
     return out
 
 
-def grouped(g: Graph, terms: list[int], invariant: Set[str]) -> Tree | None:
+def grouped(g: Graph, terms: list[int], invariant: Invariance) -> Tree | None:
     """The canonical grouping of a sum of ``terms`` (see the module docstring), or None where
     it leaves the sum as it is."""
-    fixed = [k for k, t in enumerate(terms) if reads_only(g, t, invariant)]
+    fixed = [k for k, t in enumerate(terms) if invariant(t)]
     mms = [k for k, t in enumerate(terms) if k not in fixed and is_projection(g, t)]
     if not fixed or len(fixed) == 1 and not (mms and is_bias(g, terms[fixed[0]])):
         return None

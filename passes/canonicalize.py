@@ -1,18 +1,19 @@
 """canonicalize: CSE, DCE, constant folding, algebraic identities and regrouped sums.
 
 Equal nodes merge, dead ones go, ops on scalar constants fold, and ``a*1``, ``a+0``, ``a-0``,
-``a/1``, ``--a`` and ``1-(1-a)`` simplify; ``x**p`` for p in 1, 2, 0.5, -0.5 and -1 becomes
-``x``, ``x*x``, ``sqrt``, ``rsqrt`` or ``1/x``. A sum of several terms (a chain of adds, each
-term counted as often as it occurs) is regrouped (``passes/_sums.py``): the terms that are the
-same on every step (they read only parameters, loop constants and constants) are added together
-first, as one subexpression, which hoist-sequence makes one loop constant computed once per
-call, so ``x@W + b_ih + h@U + b_hh`` adds one bias per step, not two, and ``x@W + b + b`` is
-``x@W + (b + b)``; that part pairs with the sum's first matmul (``(x@W + b) + h@U``), which
-lets gate fusion fold a lone bias vector per side into its packed matmul. Only plain sums are
-regrouped: GRU's ``r * (h@W_hn + b_hn)`` keeps its bias inside. The rewrites repeat until none
-applies, so a second run changes nothing. ``stop_gradient`` is never removed, although it is
-the identity: this pass runs before autodiff, which must see it (and backends compute it as a
-copy).
+``a/1``, ``--a`` and ``1-(1-a)`` simplify; ``x**p`` for p in 1, 2 and -1 becomes ``x``,
+``x*x`` or ``1/x`` (``x**0.5`` does not become ``sqrt(x)``: at -0 and -inf, ``pow`` and
+``sqrt`` differ; backends compute such powers by a square root themselves). A sum of several
+terms (a chain of adds, each term counted as often as it occurs) is regrouped
+(``passes/_sums.py``): the terms that are the same on every step (they read only parameters,
+loop constants and constants) are added together first, as one subexpression, which
+hoist-sequence makes one loop constant computed once per call, so ``x@W + b_ih + h@U + b_hh``
+adds one bias per step, not two, and ``x@W + b + b`` is ``x@W + (b + b)``; that part pairs with
+the sum's first matmul (``(x@W + b) + h@U``), which lets gate fusion fold a lone bias vector per
+side into its packed matmul. Only plain sums are regrouped: GRU's ``r * (h@W_hn + b_hn)`` keeps
+its bias inside. The rewrites repeat until none applies, so a second run changes nothing.
+``stop_gradient`` is never removed, although it is the identity: this pass runs before
+autodiff, which must see it (and backends compute it as a copy).
 
 Example (``tests/passes/test_pass_examples.py`` checks the listings)::
 
@@ -75,7 +76,7 @@ from rnnc.ir import ARG, FUSED, GET, Graph, Node, Program
 from rnnc.ops import Op
 from rnnc.passes import register
 from rnnc.passes._rewrite import constant_value, remove_dead
-from rnnc.passes._sums import absorbed, build, grouped, is_bias, leaves, tree
+from rnnc.passes._sums import Invariance, absorbed, build, grouped, is_bias, leaves, tree
 
 _is_bias = is_bias  # tests/rnnc/test_check.py builds a faulty rule from it
 
@@ -90,8 +91,8 @@ class Rule:
     name: str
     op: Op | None  # None: any op
     rewrite: Callable[..., int | None]
-    # True: ``rewrite(g, node, invariant)`` also gets the names of the graph's inputs that are
-    # the same on every step (parameters, loop constants).
+    # True: ``rewrite(g, node, invariant)`` also gets the graph's ``Invariance``: which nodes
+    # are the same on every step (they read only parameters, loop constants, constants).
     takes_invariant: bool = False
 
 
@@ -125,15 +126,13 @@ def _fold(g: Graph, node: Node) -> int | None:
 
 
 def _cheap_power(g: Graph, node: Node) -> int | None:
-    """``x**1 -> x``, ``x**2 -> x*x``, ``x**0.5 -> sqrt(x)``, ``x**-0.5 -> rsqrt(x)``,
-    ``x**-1 -> 1/x``: the same values (to rounding) without a general power."""
+    """``x**1 -> x``, ``x**2 -> x*x``, ``x**-1 -> 1/x``: the same values (to rounding, and at
+    every special value) without a general power."""
     x, p = node.inputs[0], node.attrs["exponent"]
     if p == 1.0:
         return _same_type(g, node, x)
     if p == 2.0:
         return g.add(ops.mul, (x, x), origin=ORIGIN)
-    if p in (0.5, -0.5):
-        return g.add(ops.sqrt if p > 0 else ops.rsqrt, (x,), origin=ORIGIN)
     if p == -1.0:
         one = g.add(ops.constant, (), {"value": 1.0}, origin=ORIGIN)
         return g.add(ops.div, (one, x), origin=ORIGIN)
@@ -154,7 +153,7 @@ def _one_minus_one_minus(g: Graph, node: Node) -> int | None:
     return None
 
 
-def _reassociate(g: Graph, node: Node, invariant: Set[str]) -> int | None:
+def _reassociate(g: Graph, node: Node, invariant: Invariance) -> int | None:
     """A sum of several terms in its canonical grouping (``passes/_sums.py``): the terms that
     are the same on every step added first, as one subexpression, paired with the first
     matmul; every other term in its place.
@@ -201,7 +200,7 @@ class _Rewriter:
     def __init__(self, g: Graph, keep_args: set[str], invariant: Set[str]) -> None:
         self.g = g
         self.keep = keep_args
-        self.invariant = invariant
+        self.invariant = Invariance(g, invariant)
         self.seen: dict[tuple, int] = {}
         self.work: list[int] = []
         self.queued: set[int] = set()
@@ -265,6 +264,7 @@ class _Rewriter:
         g = self.g
         users = g.users(old)
         operands = g.node(old).inputs
+        self.invariant.replaced(old, new)
         g.replace_all_uses(old, new)
         for u in users:
             self.push(u)

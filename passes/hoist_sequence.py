@@ -176,7 +176,7 @@ def _copy_into_pre(p: Program, body: Graph, pre: Graph, movable: list[int]) -> d
             return mapping[nid]
         assert node.op is ARG, node  # movable is closed under the nodes it reads
         name = node.attrs["name"]
-        have = pre.args().get(name)
+        have = pre.input_node(name)
         if have is None and name in p.pre.outputs:
             mapping[nid] = p.pre.outputs[name]
             return mapping[nid]
@@ -204,7 +204,7 @@ def _hoist(p: Program) -> Program:
     pre = p.pre.copy()
     mapping = _copy_into_pre(p, body, pre, movable)
     moved = set(movable)
-    taken = env_names(p)
+    hoisted_names = fresh(env_names(p), hoisted)
     seqs, consts, stacked = list(s.seqs), list(s.consts), list(s.stacked)
     outputs = dict(body.outputs)
     for nid in movable:
@@ -221,7 +221,7 @@ def _hoist(p: Program) -> Program:
             del body.outputs[n]
         if not users_left and len(direct) == len(out_names):
             continue
-        name = fresh(taken, hoisted)
+        name = next(hoisted_names)
         pre.outputs[name] = mapping[nid]
         (seqs if is_seq else consts).append(name)
         arg = body.arg(name, body.node(nid).shape, "seq" if is_seq else "const", ORIGIN)
@@ -296,14 +296,14 @@ class _ToPost:
     def __init__(self, p: Program, body: Graph, sink: set[int], post: Graph,
                  stacked: list[str]) -> None:
         self.body, self.sink, self.post, self.stacked = body, sink, post, stacked
-        self.taken = env_names(p)
+        self.sunk_names = fresh(env_names(p), sunk)
         self.env = p.env_types("pre")
         self.carries = {c.name for c in p.scan.carries}
         self.stacked_name = {o: n for n, o in body.outputs.items() if n in stacked}
         self.mapping: dict[int, int] = {}
 
     def _arg(self, name: str, shape: tuple) -> int:
-        have = self.post.args().get(name)
+        have = self.post.input_node(name)
         return have if have is not None else self.post.arg(name, shape, "saved", ORIGIN)
 
     def _leaf(self, nid: int) -> int:
@@ -313,7 +313,7 @@ class _ToPost:
         if node.op is ARG and node.attrs["name"] not in self.carries:
             return self._arg(node.attrs["name"], self.env[node.attrs["name"]].shape)
         if nid not in self.stacked_name:
-            self.stacked_name[nid] = fresh(self.taken, sunk)
+            self.stacked_name[nid] = next(self.sunk_names)
             self.stacked.append(self.stacked_name[nid])
             self.body.outputs[self.stacked_name[nid]] = nid
         return self._arg(self.stacked_name[nid], ("T",) + node.shape)
@@ -351,7 +351,7 @@ def _sink(p: Program) -> Program:
     for name, o in list(body.outputs.items()):
         if o in sink and (name in stacked or name in summed):
             new = to_post.value(o)
-            old = post.args().get(name)
+            old = post.input_node(name)
             if old is not None:
                 post.replace_all_uses(old, new)
                 post.remove(old)

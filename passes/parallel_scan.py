@@ -139,7 +139,7 @@ class Lifter:
         """The pre node holding the environment's ``name``: an output of pre, or an arg."""
         if name in self.pre.outputs:
             return self.pre.outputs[name]
-        have = self.pre.args().get(name)
+        have = self.pre.input_node(name)
         if have is not None:
             return have
         role = self.program.args[name][0] if name in self.program.args else "const"
@@ -197,7 +197,7 @@ def _substitute(body: Graph, found: list[Linear]) -> dict[str, tuple[int | None,
     for lin in found:
         name = lin.carry.name
         nxt = body.outputs.pop(name)
-        carry = body.args().get(name)
+        carry = body.input_node(name)
         shape = body.node(nxt).shape
         before = body.arg(f"{name}@before", shape, "seq", ORIGIN)
         after = body.arg(f"{name}@after", shape, "seq", ORIGIN)
@@ -246,7 +246,7 @@ def _round(p: Program) -> Program | None:
         return None
     body = s.body.copy()
     reads = _substitute(body, found)
-    taken = env_names(p)
+    hoisted_names = fresh(env_names(p), hoisted)
     seqs = list(s.seqs)
     for lin in found:
         before, after = reads[lin.carry.name]
@@ -254,7 +254,7 @@ def _round(p: Program) -> Program | None:
         for arg, value in ((before, prev), (after, new)):
             if arg is None:
                 continue
-            name = fresh(taken, hoisted)
+            name = next(hoisted_names)
             pre.outputs[name] = value
             named = body.arg(name, body.node(arg).shape, "seq", ORIGIN)
             body.replace_all_uses(arg, named)
@@ -287,7 +287,7 @@ def _stacked_sequences(p: Program) -> Program:
         if source in pre.outputs:
             pre.outputs[name] = pre.outputs[source]
         else:
-            have = pre.args().get(source)
+            have = pre.input_node(source)
             pre.outputs[name] = have if have is not None else pre.arg(
                 source, env[source].shape, p.args[source][0], ORIGIN)
         del body.outputs[name]

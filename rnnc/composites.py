@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rnnc import ops
-from rnnc.dsl import Value, amax, apply, exp, log, mean, relu, rsqrt, stop_gradient
+from rnnc.dsl import Value, amax, apply, exp, log, mean, relu, rsqrt, stop_gradient, where
 from rnnc.dsl import abs as abs_
 from rnnc.dsl import sum as sum_
 
@@ -51,9 +51,14 @@ def softmax(x: Value) -> Value:
 
 
 def logsumexp(x: Value) -> Value:
-    """log(sum(exp(x))) over the feature axis, computed stably: ``(B, n) -> (B, 1)``."""
-    m, z = _shifted_exp(x)
-    return m + log(sum_(z))
+    """log(sum(exp(x))) over the feature axis, computed stably: ``(B, n) -> (B, 1)``.
+
+    As in torch, a row holding +inf gives +inf and a row of -inf gives -inf: an infinite
+    maximum is not subtracted (inf - inf is NaN), the row is shifted by 0 instead."""
+    m = stop_gradient(amax(x))
+    # m - m is 0 where m is finite and NaN where it is not, and where() reads NaN as false.
+    shift = where(1.0 - abs_(m - m), m, 0.0)
+    return shift + log(sum_(exp(x - shift)))
 
 
 def neg(x: Value) -> Value:

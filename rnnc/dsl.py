@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from rnnc import dsl_numpy, dsl_random, ops
-from rnnc.dsl_checks import check_allocatable, check_name, check_size
+from rnnc.dsl_checks import check_allocatable, check_name, check_size, initial_values
 from rnnc.dsl_docs import DOCS
 from rnnc.errors import CellError, RnncTypeError, RnncValueError, ShapeError
 from rnnc.ir import NO_GRAD, Carry, Graph, Program, Scan, Type
@@ -319,10 +319,7 @@ class Cell:
             if init is None:
                 arr = rng.uniform(-bound, bound, size=shape)
             elif callable(init):
-                arr = np.asarray(init(rng, shape))
-                if arr.shape != shape:
-                    raise CellError(f"init of {name!r} returned shape {arr.shape}, "
-                                    f"expected {shape}")
+                arr = initial_values(name, init, rng, shape)
             else:
                 arr = np.full(shape, float(init))
             out[name] = np.ascontiguousarray(arr, dtype=dtype)

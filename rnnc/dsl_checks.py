@@ -1,10 +1,11 @@
-"""The checks of a cell's declarations: names, sizes, and the memory a parameter's
-initialization needs."""
+"""The checks of a cell's declarations: names, sizes, the memory a parameter's
+initialization needs and what its initializer returns."""
 
 from __future__ import annotations
 
 import keyword
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -41,3 +42,28 @@ def check_allocatable(name: str, shape: tuple[int, ...], dtype: Any) -> None:
         raise CellError(f"parameter {name!r} of shape {shape} needs {need:,} bytes to "
                         f"initialize, more than this machine's {memory:,} bytes of memory: "
                         f"declare a smaller size")
+
+
+def initial_values(name: str, init: Callable, rng: np.random.Generator, shape: tuple[int, ...]
+                    ) -> np.ndarray:
+    """What ``init(rng, shape)`` returns for parameter ``name``: real numbers of ``shape``
+    (strings, objects, complex numbers, booleans and ragged lists are mistakes, not values)."""
+    what = f"init of parameter {name!r}"
+    try:
+        values = init(rng, shape)
+    except Exception as error:
+        raise CellError(f"{what} failed: {type(error).__name__}: {error} (it is called as "
+                        f"init(rng, shape), with a numpy Generator and the shape {shape}, "
+                        f"and returns an array of that shape)") from error
+    try:
+        arr = np.asarray(values)
+    except ValueError as error:  # ragged nested lists
+        raise CellError(f"{what} returned {type(values).__name__} that is not an array "
+                        f"({error}); expected a float array of shape {shape}") from None
+    if arr.dtype == np.bool_ or not (np.issubdtype(arr.dtype, np.integer)
+                                     or np.issubdtype(arr.dtype, np.floating)):
+        raise CellError(f"{what} returned {type(values).__name__} of dtype {arr.dtype}; "
+                        f"expected real numbers: a float array of shape {shape}")
+    if arr.shape != shape:
+        raise CellError(f"{what} returned shape {arr.shape}, expected {shape}")
+    return arr

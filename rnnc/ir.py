@@ -139,8 +139,7 @@ class Graph:
         return [self.node(n) for n in self.topo()]
 
     def topo(self) -> list[int]:
-        """Deterministic topological order (creation order breaks ties), computed once per
-        edit of the graph."""
+        """Deterministic topological order (creation order breaks ties), once per edit."""
         if self._order is None:
             self._order = list(nx.lexicographical_topological_sort(self.nx))
         return list(self._order)
@@ -155,6 +154,10 @@ class Graph:
     def args(self) -> dict[str, int]:
         """Input name -> node, in node order."""
         return dict(sorted(self._arg_index().items(), key=lambda item: item[1]))
+
+    def input_node(self, name: str) -> int | None:
+        """The input named ``name``, or None (one look-up; ``args()`` sorts them all)."""
+        return self._arg_index().get(name)
 
     def users(self, nid: int) -> list[int]:
         return sorted({v for _, v in self.nx.out_edges(nid)})

@@ -59,6 +59,10 @@ class Layout:
     def unpack(self, flat: np.ndarray) -> dict[str, np.ndarray]:
         """Every user parameter as a view of ``flat`` (writes go through to the buffer)."""
         self.check_flat(flat)
+        if flat.dtype not in (np.float32, np.float64):  # views of ints would be parameters
+            raise RnncTypeError(f"a flat parameter buffer must be float32 or float64, got "
+                                f"{flat.dtype}: make it with fn.pack(params), or convert it "
+                                f"with .astype(np.float32)")
         views = self.block_views(flat)
         out = {}
         for b in self.blocks:

@@ -12,7 +12,7 @@ the outermost layer, so ``parse("grad.d.y")`` is ``(Role.GRADIENT, "d.y")``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from enum import Enum
 from typing import NamedTuple
 
@@ -148,10 +148,13 @@ def next_saved(taken: Iterable[str]) -> int:
     return max((int(parse(n).base) for n in taken if is_saved(n)), default=-1) + 1
 
 
-def fresh(taken: set[str], make: Callable[[int], str]) -> str:
-    """The first ``make(N)`` not in ``taken`` (added to it)."""
+def fresh(taken: set[str], make: Callable[[int], str]) -> Iterator[str]:
+    """The names ``make(N)`` not in ``taken``, N increasing, each added to ``taken`` as it is
+    given. ``taken`` only grows, so the search goes on from the last name given: n names take
+    O(n) look-ups, not O(n**2) (a pass hoists one value per step of a long chain)."""
     k = 0
-    while make(k) in taken:
-        k += 1
-    taken.add(make(k))
-    return make(k)
+    while True:
+        while make(k) in taken:
+            k += 1
+        taken.add(make(k))
+        yield make(k)

@@ -188,8 +188,13 @@ def pad_ref(x, before: int, after: int, step: int = 1):
 
 
 def power_ref(x, exponent: float):
+    """C99 ``pow(x, exponent)``: NumPy's, except that NumPy computes ``x ** 0.5`` as ``sqrt(x)``,
+    which gives -0 at -0 and NaN at -inf where ``pow`` gives +0 and +inf."""
     x = np.asarray(x)
-    return np.power(x, np.asarray(exponent, x.dtype))
+    out = np.power(x, np.asarray(exponent, x.dtype))
+    if exponent == 0.5:
+        out = np.where(x == -np.inf, np.asarray(np.inf, x.dtype), out + x.dtype.type(0.0))
+    return out
 
 
 def softplus_ref(x):

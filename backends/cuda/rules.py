@@ -21,7 +21,8 @@ Numerics, chosen to match the NumPy reference without fast-math flags:
 - ``tanh`` is ``tanhf``/``tanh``: saturates to ±1 and is accurate near 0, where the
   ``1 - 2/(exp(2x)+1)`` shortcut cancels.
 - ``rsqrt`` is ``1 / sqrt(x)`` (correctly rounded, like the reference); ``relu`` keeps NaN
-  like ``np.maximum``; ``where`` tests ``c > 0`` like the reference.
+  like ``np.maximum``; ``where`` tests ``c > 0`` like the reference; ``x ** p`` is C's ``pow``
+  (``x ** ±0.5`` a square root with pow's values at -0 and -inf).
 """
 
 from __future__ import annotations
@@ -171,6 +172,18 @@ def _relu(s: Site) -> str:
     return f"({x} < {s.r.zero} ? {s.r.zero} : {x})"
 
 
+def _power(s: Site) -> str:
+    """C's ``pow``; ``x ** ±0.5`` by a square root, with pow's values where sqrt's differ
+    (+0 at -0: ``x + 0`` is +0 there; inf or 0 at -inf)."""
+    x, p = s.at(0), s.attrs["exponent"]
+    if p not in (0.5, -0.5):
+        return s.r.call("pow", x, s.r.literal(p))
+    root = s.r.call("sqrt", f"({x} + {s.r.zero})")
+    at_minus_inf = s.r.literal(math.inf if p > 0 else 0.0)
+    value = root if p > 0 else f"({s.r.one} / {root})"
+    return f"({x} == {s.r.literal(-math.inf)} ? {at_minus_inf} : {value})"
+
+
 def _comparison(symbol: str) -> Callable[[Site], str]:
     # C's comparisons are ordered: with NaN they are false, 0.0, as in NumPy.
     return lambda s: f"({s.at(0)} {symbol} {s.at(1)} ? {s.r.one} : {s.r.zero})"
@@ -308,7 +321,7 @@ RULES: dict[ops.Op, Callable[[Site], str]] = {
     ops.maximum: _select_first(">="),
     ops.minimum: _select_first("<="),
     ops.abs_: _function("fabs"),
-    ops.power: lambda s: s.r.call("pow", s.at(0), s.r.literal(s.attrs["exponent"])),
+    ops.power: _power,
     ops.softplus: _function("softplus"),
     ops.stop_gradient: lambda s: s.at(0),
     ops.bernoulli: _bernoulli,

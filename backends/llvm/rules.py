@@ -19,7 +19,7 @@ from collections.abc import Callable
 from llvmlite import ir
 
 from rnnc import ops
-from rnnc.backends.llvm import gemm, mathlib, philox, region
+from rnnc.backends.llvm import gemm, mathlib, philox, powers, region
 from rnnc.backends.llvm.context import Buffer, Context
 from rnnc.backends.llvm.kernels import Kernel, emit_reduce, emit_sum_rows
 from rnnc.backends.llvm.scan import emit_last_step, emit_linear_scan
@@ -75,7 +75,7 @@ SCALAR: dict[ops.Op, Callable[..., ir.Value]] = {
     ops.minimum: _select_first("<="),
     ops.abs_: lambda b, x: b.call(mathlib.intrinsic(b.module, "fabs", x.type, 1), [x]),
     ops.softplus: mathlib.emit_softplus,
-    ops.power: mathlib.emit_power,  # with the node's attribute exponent
+    ops.power: powers.emit_power,  # with the node's attribute exponent
     ops.stop_gradient: lambda b, x: x,
 }
 

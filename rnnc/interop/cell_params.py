@@ -142,6 +142,16 @@ def as_numpy(value: Any, where: str) -> np.ndarray:
     return arr
 
 
+def as_float_numpy(value: Any, where: str) -> np.ndarray:
+    """``as_numpy(value)``, which must hold floats: a buffer of integers or strings is a
+    mistake (a weight is never either), not a value to convert."""
+    arr = as_numpy(value, where)
+    if not np.issubdtype(arr.dtype, np.floating):
+        raise WeightError(f"{where}: expected a float buffer (float32 or float64 weights), got "
+                          f"dtype {arr.dtype}")
+    return arr
+
+
 def check_shape(arr: np.ndarray, expected: tuple[int, ...], where: str) -> None:
     """Raise ``WeightError`` naming ``where`` unless ``arr`` has exactly ``expected`` shape."""
     if arr.shape != tuple(expected):

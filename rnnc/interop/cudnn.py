@@ -25,7 +25,7 @@ import numpy as np
 from rnnc.interop.cell_params import (
     Layers,
     WeightError,
-    as_numpy,
+    as_float_numpy,
     layer_input_size,
     num_gates,
 )
@@ -61,7 +61,7 @@ def from_flat(mode: str, flat: Any, input_size: int, hidden_size: int, num_layer
 
     Raises ``WeightError`` when the length differs from ``flat_size(...)``.
     """
-    arr = as_numpy(flat, "flat")
+    arr = as_float_numpy(flat, "flat")
     for name, v in (("input_size", input_size), ("hidden_size", hidden_size),
                     ("num_layers", num_layers)):
         if not isinstance(v, (int, np.integer)) or v < 1:

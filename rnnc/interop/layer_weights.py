@@ -14,7 +14,7 @@ import numpy as np
 
 from rnnc.errors import RnncValueError
 from rnnc.interop import keras, weights
-from rnnc.interop.cell_params import TORCH_MODES
+from rnnc.interop.cell_params import TORCH_MODES, as_float_numpy
 from rnnc.layers import MODES, RNN, Grid
 
 
@@ -88,7 +88,7 @@ def flat_weights(layer: RNN) -> np.ndarray:
 
 def params_from_flat(layer: RNN, flat: Any) -> Grid:
     """The parameters a buffer in the order of ``flat_weights`` holds (``load_flat``)."""
-    arr = np.asarray(flat)
+    arr = as_float_numpy(flat, "load_flat: flat")
     if layer.proj_size:
         raise RnncValueError("load_flat does not read LSTM projections (proj_size > 0) yet")
     if isinstance(layer.mode, str):

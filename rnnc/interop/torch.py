@@ -39,6 +39,7 @@ from rnnc.interop.torch_autograd import from_numpy, to_numpy
 from rnnc.interop.torch_checks import DTYPES, check_arguments, check_dtypes
 from rnnc.layers import RNN as Layer
 from rnnc.layers import CellFactory, Grid, check_dropout, check_picklable
+from rnnc.layers.checks import SINGLE_LAYER_DROPOUT
 
 _TORCH_BASE_NAMES = ("weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr")
 
@@ -71,13 +72,15 @@ class RNN(nn.Module):
         super().__init__()
         mode = check_arguments(mode, nonlinearity, input_size, hidden_size, num_layers, bias,
                                 batch_first, dropout, proj_size)
-        self.layer = Layer(mode, input_size, hidden_size, num_layers=num_layers,
-                           bidirectional=bidirectional, dropout=dropout,
-                           batch_first=batch_first, backend=backend, seed=0,
-                           proj_size=proj_size, extra_inputs=extra_inputs,
-                           # what a cell without parameters computes in (else the weights')
-                           dtype=np.float64 if dtype == torch.float64 else np.float32,
-                           **backend_options)
+        with warnings.catch_warnings():  # said once above, where torch says it
+            warnings.filterwarnings("ignore", SINGLE_LAYER_DROPOUT.split(",")[0])
+            self.layer = Layer(mode, input_size, hidden_size, num_layers=num_layers,
+                               bidirectional=bidirectional, dropout=dropout,
+                               batch_first=batch_first, backend=backend, seed=0,
+                               proj_size=proj_size, extra_inputs=extra_inputs,
+                               # what a cell without parameters computes in (else the weights')
+                               dtype=np.float64 if dtype == torch.float64 else np.float32,
+                               **backend_options)
         self.mode = mode
         if mode in ("rnn_tanh", "rnn_relu"):
             self.nonlinearity = mode[4:]

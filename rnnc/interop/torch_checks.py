@@ -3,7 +3,6 @@ them, and the dtypes rnnc computes in."""
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
@@ -11,6 +10,7 @@ import torch
 from rnnc.errors import RnncTypeError, RnncValueError
 from rnnc.interop.cell_params import TORCH_MODES
 from rnnc.layers import CellFactory, check_dropout
+from rnnc.layers.checks import warn_single_layer_dropout
 
 DTYPES = (torch.float32, torch.float64)  # what rnnc computes in (no bfloat16/float16 yet)
 
@@ -36,10 +36,7 @@ def check_arguments(mode: Any, nonlinearity: str | None, input_size: Any, hidden
     except RnncValueError:
         raise RnncValueError(f"dropout should be a number in range [0, 1] representing the "
                              f"probability of an element being zeroed, got {dropout!r}") from None
-    if dropout > 0 and num_layers == 1:
-        warnings.warn(f"dropout adds dropout after all but the last recurrent layer, so "
-                      f"non-zero dropout expects num_layers greater than 1, but got "
-                      f"dropout={dropout} and num_layers={num_layers}", stacklevel=3)
+    warn_single_layer_dropout(dropout, num_layers, stacklevel=3)
     for name, value in (("bias", bias), ("batch_first", batch_first)):
         if not isinstance(value, bool):
             raise RnncTypeError(f"{name} should be of type bool, got: {type(value).__name__}")

@@ -9,6 +9,7 @@ host states and gradients a device call also takes are uploaded.
 from __future__ import annotations
 
 import pickle
+import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -110,6 +111,20 @@ def check_dropout(value: Any) -> float:
             or not 0.0 <= float(value) <= 1.0:
         raise RnncValueError(f"dropout must be a probability in [0, 1], got {value!r}")
     return float(value)
+
+
+# torch.nn.RNNBase's words, so that a ported model warns as it did.
+SINGLE_LAYER_DROPOUT = ("dropout option adds dropout after all but last recurrent layer, so "
+                        "non-zero dropout expects num_layers greater than 1, but got "
+                        "dropout={dropout} and num_layers={num_layers}")
+
+
+def warn_single_layer_dropout(dropout: float, num_layers: int, stacklevel: int) -> None:
+    """Warn, as ``torch.nn.LSTM`` does, where dropout is set but no layer has a successor to
+    drop into (it applies between layers only)."""
+    if dropout > 0 and num_layers == 1:
+        warnings.warn(SINGLE_LAYER_DROPOUT.format(dropout=dropout, num_layers=num_layers),
+                      UserWarning, stacklevel=stacklevel + 1)
 
 
 def check_factory_cell(cell: Any, in_size: int) -> Cell:

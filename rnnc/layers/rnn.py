@@ -103,6 +103,7 @@ class RNN:
         self.bidirectional = bool(bidirectional)
         self.num_directions = 2 if self.bidirectional else 1
         self.dropout = check_dropout(dropout)
+        checks.warn_single_layer_dropout(self.dropout, self.num_layers, stacklevel=2)
         self.extra_inputs = checks.check_extra_inputs(extra_inputs)
         self.batch_first = bool(batch_first)
         self.dtype = checks.check_dtype(dtype)

@@ -481,3 +481,71 @@ def test_elementwise_ops_at_edge_values_match_float64(backend: str, op: str) -> 
     got = ys["y"].ravel()
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
+
+
+# ---------------------------------------------------------------- initializers and flat buffers
+
+
+def _cell_with_init(init) -> rnnc.Cell:
+    c = rnnc.Cell("init")
+    x, h = c.input("x", 2), c.state("h", 3)
+    b = c.param("b", (3,), init=init)
+    c.update(h=rnnc.tanh(x @ c.param("W", (2, 3)) + h + b))
+    c.output("y", h)
+    return c
+
+
+@pytest.mark.parametrize("returned, fragments", [
+    (lambda rng, shape: np.full(shape, "zeros"), ["'b'", "dtype <U5", "float array of shape (3,)"]),
+    (lambda rng, shape: ["1", "2", "3"], ["'b'", "<U1", "real numbers"]),
+    (lambda rng, shape: None, ["'b'", "NoneType", "real numbers"]),
+    (lambda rng, shape: np.ones(shape, complex), ["'b'", "complex128", "real numbers"]),
+    (lambda rng, shape: np.ones(shape, bool), ["'b'", "bool", "real numbers"]),
+    (lambda rng, shape: [[1.0], [1.0, 2.0]], ["'b'", "not an array", "shape (3,)"]),
+    (lambda rng, shape: np.ones(4), ["'b'", "shape (4,)", "expected (3,)"]),
+    (lambda rng: np.ones(3), ["'b'", "failed: TypeError", "init(rng, shape)"]),
+], ids=["strings", "string-list", "none", "complex", "bool", "ragged", "shape", "signature"])
+def test_an_initializer_returning_no_float_array_of_the_shape_is_named(returned, fragments
+                                                                        ) -> None:
+    # Strings were parsed as numbers or raised NumPy's own ValueError; a wrong signature gave a
+    # bare TypeError from inside init_params.
+    cell = _cell_with_init(returned)
+    with raises(rnnc.CellError, *fragments):
+        cell.init_params()
+    with raises(rnnc.CellError, *fragments):
+        rnnc.RNN(lambda i, h: _cell_with_init(returned), 2, 3)
+
+
+def test_an_initializer_of_integers_gives_floats() -> None:
+    p = _cell_with_init(lambda rng, shape: np.arange(3)).init_params(dtype=np.float64)
+    np.testing.assert_array_equal(p["b"], [0.0, 1.0, 2.0])
+    assert p["b"].dtype == np.float64
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.float16, np.bool_])
+def test_unpack_of_a_buffer_not_float32_or_float64_is_named(dtype) -> None:
+    # The views of an int buffer were returned as int "parameters".
+    cell = _cell_with_init(None)
+    fn = rnnc.compile(cell)
+    params = cell.init_params(dtype=np.float64)
+    flat = fn.pack(params)
+    with raises(rnnc.RnncTypeError, "flat parameter buffer", "float32 or float64",
+                np.dtype(dtype).name):
+        fn.unpack(np.zeros(flat.size, dtype))
+    np.testing.assert_array_equal(fn.unpack(flat)["b"], params["b"])
+
+
+@pytest.mark.parametrize("mode", ["lstm", "custom"])
+@pytest.mark.parametrize("buffer", [np.int64, np.int32, "strings"])
+def test_load_flat_of_a_buffer_not_float_is_named(mode: str, buffer) -> None:
+    # An int buffer was loaded, converted to floats without a word.
+    layer = rnnc.RNN("lstm" if mode == "lstm" else lambda i, h: _cell_with_init(None), 2, 3)
+    size = layer.flat_weights.size
+    flat = np.full(size, "w") if buffer == "strings" else np.ones(size, buffer)
+    name = "<U1" if buffer == "strings" else np.dtype(buffer).name
+    before = layer.flat_weights.copy()
+    with raises(rnnc.RnncValueError, "load_flat", "float", name):
+        layer.load_flat(flat)
+    np.testing.assert_array_equal(layer.flat_weights, before)
+    layer.load_flat(np.ones(size, np.float64))
+    np.testing.assert_array_equal(layer.flat_weights, 1.0)

@@ -4,8 +4,14 @@ canonical forms, and the errors of bad use)."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import importlib.util
+import shutil
+
 import numpy as np
 import pytest
+import torch
 
 import rnnc
 from rnnc import ops, passes
@@ -110,7 +116,9 @@ def test_canonicalize_keeps_stop_gradient_for_autodiff() -> None:
     assert "stop_gradient(" in rnnc.printer.format_program(prepared, "prepared")
 
 
-@pytest.mark.parametrize("exponent,op", [(2, ops.mul), (0.5, ops.sqrt), (-0.5, ops.rsqrt),
+# x ** ±0.5 stays a power: sqrt and rsqrt differ from pow at -0 and -inf (backends compute
+# it by a square root).
+@pytest.mark.parametrize("exponent,op", [(2, ops.mul), (0.5, ops.power), (-0.5, ops.power),
                                          (-1, ops.div), (3, ops.power), (1.5, ops.power)])
 def test_cheap_powers_become_cheaper_ops(exponent: float, op: ops.Op) -> None:
     cell = _cell(lambda x, h, p: (x * x + 1.0) ** exponent)
@@ -155,3 +163,58 @@ def test_bad_uses_say_what_is_supported() -> None:
         2.0 ** x
     with pytest.raises(rnnc.ShapeError, match=r"cannot broadcast"):
         rnnc.maximum(x, W)
+
+
+LIBM = ctypes.CDLL(ctypes.util.find_library("m"))
+LIBM.pow.restype = ctypes.c_double
+LIBM.pow.argtypes = (ctypes.c_double, ctypes.c_double)
+EVERY_BACKEND = [
+    pytest.param({"backend": "numpy"}, id="numpy"),
+    pytest.param({"backend": "numpy", "optimize": False}, id="oracle"),
+    pytest.param({"backend": "llvm"}, id="llvm", marks=pytest.mark.skipif(
+        importlib.util.find_spec("llvmlite") is None, reason="needs llvmlite")),
+    pytest.param({"backend": "cuda", "emulate": True}, id="cuda-emulate",
+                 marks=pytest.mark.skipif(not any(shutil.which(c) for c in ("g++", "clang++")),
+                                          reason="CUDA emulation needs a C++ compiler")),
+]
+EDGES = np.array([-0.0, -np.inf, 0.0, np.inf, 4.0, -4.0, np.nan, 0.25])
+
+
+@pytest.mark.parametrize("options", EVERY_BACKEND)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
+def test_square_root_powers_at_edges_are_c99_pow(options: dict, dtype) -> None:
+    # x ** -0.5 became rsqrt(x): -inf at -0 and NaN at -inf, where pow gives +inf and 0.
+    fn = rnnc.compile(_cell(lambda x, h, p: rnnc.concat([x ** -0.5, x ** 0.5, x ** 1.5]),
+                            n=EDGES.size), **options)
+    xs = EDGES.astype(dtype).reshape(1, 1, -1)
+    with np.errstate(all="ignore"):
+        ys, _ = fn(xs, {"p": np.zeros(EDGES.size, dtype)})
+        want = np.array([LIBM.pow(float(v), p) for p in (-0.5, 0.5, 1.5) for v in EDGES]
+                        ).astype(dtype)
+    got = ys["y"].ravel()
+    np.testing.assert_allclose(got, want, rtol=4 * np.finfo(dtype).eps, atol=0)
+    zero_or_inf = np.isinf(want) | (want == 0)
+    np.testing.assert_array_equal(np.signbit(got[zero_or_inf]), np.signbit(want[zero_or_inf]))
+
+
+@pytest.mark.parametrize("options", EVERY_BACKEND)
+def test_logsumexp_of_infinite_rows_is_torchs(options: dict) -> None:
+    # A row holding +inf, or all -inf, gave NaN: inf - inf in the shift by the row's maximum.
+    rows = np.array([[np.inf, 1.0, -2.0], [-np.inf] * 3, [-np.inf, 3.0, 1.0], [1.0, 2.0, 0.5],
+                     [np.inf, -np.inf, 0.0], [np.nan, 1.0, 2.0]])
+    c = rnnc.Cell("lse")
+    x, h = c.input("x", 3), c.state("h", 1)
+    c.update(h=h)
+    c.output("y", rnnc.logsumexp(x))
+    fn = rnnc.compile(c, **options)
+    xs = rows.reshape(1, len(rows), 3)
+    with np.errstate(all="ignore"):
+        ys, _, tape = fn.forward(xs, {})
+        grads = fn.backward(tape, {"y": np.ones((1, len(rows), 1))})
+    t = torch.tensor(rows, requires_grad=True)
+    want = torch.logsumexp(t, -1, keepdim=True)
+    want.sum().backward()
+    np.testing.assert_allclose(ys["y"][0], want.detach().numpy(), rtol=1e-12)
+    # Gradients: torch's wherever torch's are finite (rows with inf give torch NaN too).
+    finite = torch.isfinite(t.grad).numpy()
+    np.testing.assert_allclose(grads.x[0][finite], t.grad.numpy()[finite], rtol=1e-12)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import io
 import pickle
+import warnings
 
 import pytest
 import torch
@@ -74,6 +75,25 @@ def test_accepted_arguments_and_attributes(impl):
     assert rnn.all_weights[3][0] is rnn.weight_ih_l1_reverse
     with raises(impl, ValueError):
         make(impl, "RNN", 3, 4, nonlinearity="sigmoid")
+
+
+@pytest.mark.parametrize("impl", IMPLS + ("layer",))
+def test_dropout_with_one_layer_warns_in_torch_words(impl):
+    # Dropout applies between layers only; rnnc.RNN (the "layer") said nothing.
+    words = ("dropout option adds dropout after all but last recurrent layer, so non-zero "
+             "dropout expects num_layers greater than 1, but got dropout=0.5 and num_layers=1")
+    with pytest.warns(UserWarning) as caught:
+        if impl == "layer":
+            rnnc.RNN("lstm", 3, 4, dropout=0.5)
+        else:
+            make(impl, "LSTM", 3, 4, dropout=0.5)
+    assert [str(w.message) for w in caught] == [words]  # once, not also from the inner layer
+    # rnnc's points at the caller's line (torch's at its own LSTM.__init__).
+    assert impl == "torch" or caught[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make(impl, "LSTM", 3, 4, num_layers=2, dropout=0.5) if impl != "layer" else \
+            rnnc.RNN("lstm", 3, 4, num_layers=2, dropout=0.5)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
