@@ -155,8 +155,7 @@ class Graph:
         """Input name -> node, in node order."""
         return dict(sorted(self._arg_index().items(), key=lambda item: item[1]))
 
-    def input_node(self, name: str) -> int | None:
-        """The input named ``name``, or None (one look-up; ``args()`` sorts them all)."""
+    def input_node(self, name: str) -> int | None:  # one look-up; args() sorts them all
         return self._arg_index().get(name)
 
     def users(self, nid: int) -> list[int]:
