@@ -147,6 +147,31 @@ def test_the_compiled_op_returns_results_apart_from_its_inputs():
             assert not np.shares_memory(result.detach().numpy(), given.detach().numpy())
 
 
+@pytest.mark.slow
+def test_inductor_leaves_the_input_of_an_output_that_is_the_input():
+    """Under inductor, which writes into buffers an op returns, the caller's x changed by up
+    to 34 when the op's y was x, though the step changes nothing in place."""
+    torch.manual_seed(0)
+    module = rt.RNN(input_output, I, I, backend="numpy", dtype=F64)
+    params = dict(module.named_parameters())
+    x = torch.randn(T, B, I, dtype=F64)
+
+    def step(call, v):
+        y, h = call(v)
+        return (y * 3.0).pow(2).sum() + h.sum()
+
+    compiled = torch.compile(lambda v: step(lambda u: (lambda y, st: (y, st["h"]))(
+        *module(u)), v), backend="inductor")
+    v = x.clone().requires_grad_()
+    got = torch.autograd.grad(compiled(v), [v, *params.values()])
+    torch.testing.assert_close(v.detach(), x, rtol=0, atol=0)
+    w = x.clone().requires_grad_()
+    want = torch.autograd.grad(step(lambda u: oracle(input_output, u, params), w),
+                               [w, *params.values()])
+    for g, r in zip(got, want, strict=True):
+        torch.testing.assert_close(g, r)
+
+
 def test_a_read_only_array_becomes_a_tensor_of_its_own():
     """A tensor is writable, so a read-only array (one rnnc saved) is copied, not wrapped."""
     a = np.arange(6.0)
