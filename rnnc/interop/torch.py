@@ -37,7 +37,13 @@ from rnnc.errors import RnncRuntimeError, RnncTypeError, RnncValueError
 from rnnc.interop import torch_autograd, torch_ops
 from rnnc.interop import weights as W
 from rnnc.interop.torch_autograd import from_numpy, to_numpy
-from rnnc.interop.torch_checks import DTYPES, check_arguments, check_dtypes
+from rnnc.interop.torch_checks import (
+    DTYPES,
+    check_arguments,
+    check_dtypes,
+    check_input_dtype,
+    torch_dtype,
+)
 from rnnc.layers import RNN as Layer
 from rnnc.layers import CellFactory, Grid, check_dropout, check_picklable
 from rnnc.layers.checks import SINGLE_LAYER_DROPOUT
@@ -247,13 +253,10 @@ class RNN(nn.Module):
         name = self.mode.upper() if isinstance(self.mode, str) else "RNN"
         if x.dim() not in (2, 3):
             raise RnncValueError(f"{name}: Expected input to be 2D or 3D, got {x.dim()}D instead")
-        params = self._flat_parameters()  # a custom cell may have none
-        dtype = params[0].dtype if params else x.dtype
+        params = self._flat_parameters()  # a custom cell may have none: then the layer's
+        dtype = params[0].dtype if params else torch_dtype(self.layer.dtype)
         check_dtypes(name, dtype, x.dtype)
-        if x.dtype != dtype:
-            raise RnncValueError(f"{name} input dtype ({x.dtype}) does not match weight dtype "
-                                 f"({dtype}). Convert input: input.to({dtype}), or convert "
-                                 f"model: model.to({x.dtype})")
+        check_input_dtype(name, dtype, x.dtype, has_params=bool(params))
         if x.shape[-1] != self.input_size:
             raise RnncRuntimeError(f"input.size(-1) must be equal to input_size. Expected "
                                    f"{self.input_size}, got {x.shape[-1]}")

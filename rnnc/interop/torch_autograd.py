@@ -67,10 +67,15 @@ class _Apply(torch.autograd.Function):
             extra = {n: side.array(e, f"extra input {n!r}")
                      for n, e in zip(module.extra_names, tensors[ns:ns + ne], strict=True)}
             grid = side.params(module, tensors[ns + ne:])
+            x_in = side.array(x, "x")
             y, final, box.tape = module.layer.forward(
-                side.array(x, "x"), lengths, states, train=True, params=grid, rng=rng,
+                x_in, lengths, states, train=True, params=grid, rng=rng,
                 apply_dropout=dropout, extra=extra, seed=seed)
-            return (side.tensor(y, x), *(side.tensor(final[n], x) for n in names))
+            # A result may be a value the tape saved (a cell's output that its derivative
+            # reads) or an input (an output that is the input): the caller may change it in
+            # place, as nn.LSTM's, so it gets its own memory there, and only there.
+            held = [x_in, *states.values(), *extra.values(), *box.tape.arrays()]
+            return (side.output(y, x, held), *(side.output(final[n], x, held) for n in names))
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:

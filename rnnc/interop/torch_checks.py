@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from rnnc.errors import RnncTypeError, RnncValueError
@@ -70,3 +71,25 @@ def check_dtypes(name: str, params: torch.dtype, x: torch.dtype) -> None:
         raise RnncTypeError(f"{name}: the input is {x}, but rnnc.torch.RNN computes in "
                             f"torch.float32 or torch.float64: pass input.to({params}), the "
                             f"dtype of the module's parameters")
+
+
+def torch_dtype(dtype: Any) -> torch.dtype:
+    """The torch dtype of NumPy's ``dtype`` (one rnnc computes in)."""
+    return torch.float64 if np.dtype(dtype) == np.float64 else torch.float32
+
+
+def check_input_dtype(name: str, module: torch.dtype, x: torch.dtype, has_params: bool
+                      ) -> None:
+    """Raise unless the input's dtype ``x`` is the module's, ``module`` (its parameters'; that
+    of its construction for a cell without parameters), naming the conversion in torch's
+    terms, as ``torch.nn.RNNBase`` does."""
+    if x == module:
+        return
+    if has_params:
+        raise RnncValueError(f"{name}: input dtype ({x}) does not match weight dtype ({module}). "
+                             f"Convert input: input.to({module}), or convert model: "
+                             f"model.to({x})")
+    raise RnncValueError(f"{name}: input dtype ({x}) does not match the module's dtype "
+                         f"({module}): its cell has no parameters, so it computes in the dtype "
+                         f"it was built with. Convert the input: input.to({module}), or build "
+                         f"the module with dtype={x}")

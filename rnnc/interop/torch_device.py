@@ -17,7 +17,7 @@ Each call of the module picks a bridge from where its input is (:func:`bridge`):
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -46,12 +46,29 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
 
 
 def from_numpy(a: Any, like: torch.Tensor) -> torch.Tensor:
-    """Return ``a`` as a tensor on ``like``'s device, sharing memory where it can."""
+    """Return ``a`` as a tensor on ``like``'s device, sharing memory where it can.
+
+    A read-only array (one rnnc saved for backward) is copied: a tensor is always writable,
+    and a write through it would change what backward reads."""
     if isinstance(a, np.ndarray):
-        t = torch.from_numpy(np.ascontiguousarray(a))
+        t = torch.from_numpy(np.array(a, order="C") if not a.flags.writeable
+                             else np.ascontiguousarray(a))
     else:  # a device array (CuPy) from a GPU backend: exchange through DLPack
         t = torch.from_dlpack(a)
     return t if t.device == like.device else t.to(like.device)
+
+
+def unshared(xp: Any, a: Any, held: Iterable[Any]) -> Any:
+    """``a``, or a copy of it where it may share memory with an array of ``held`` (those of
+    the array module ``xp``, NumPy or CuPy; others live elsewhere).
+
+    A module's results become tensors the caller may change in place, as ``nn.LSTM``'s may
+    be: one sharing memory with what backward reads (the tape's saved values, the inputs)
+    would silently change its gradients, or the caller's input. A bounds check, so cheap;
+    a false alarm costs one copy."""
+    if any(isinstance(h, xp.ndarray) and xp.may_share_memory(a, h) for h in held):
+        return a.copy()
+    return a
 
 
 def split_gates(mode: str, fused: Mapping[str, torch.Tensor | None]) -> dict[str, torch.Tensor]:
@@ -99,6 +116,10 @@ class HostBridge:
         """The result ``a`` as a tensor on ``like``'s device."""
         return from_numpy(a, like)
 
+    def output(self, a: np.ndarray, like: torch.Tensor, held: Iterable[Any]) -> torch.Tensor:
+        """The result ``a`` as a tensor of its own, sharing no memory with ``held``."""
+        return from_numpy(unshared(np, a, held), like)
+
     def params(self, module: RNN, tensors: tuple[torch.Tensor, ...]) -> Any:
         """The module's parameter tensors as rnnc's ``[layer][direction]`` grid."""
         return module._rnnc_params(tensors)
@@ -126,6 +147,10 @@ class DeviceBridge:
         """The device array ``a`` as a CUDA tensor, through DLPack (no copy)."""
         t = torch.from_dlpack(a)
         return t if t.device == like.device else t.to(like.device)
+
+    def output(self, a: Any, like: torch.Tensor, held: Iterable[Any]) -> torch.Tensor:
+        """The result ``a`` as a CUDA tensor of its own, sharing no memory with ``held``."""
+        return self.tensor(unshared(self.device.xp, a, held), like)
 
     def params(self, module: RNN, tensors: tuple[torch.Tensor, ...]) -> Any:
         """The module's parameter tensors as a grid of device arrays, split on the GPU."""

@@ -32,6 +32,7 @@ import torch
 
 from rnnc.errors import RnncRuntimeError
 from rnnc.interop.torch_autograd import from_numpy, to_numpy
+from rnnc.interop.torch_device import unshared
 
 # Configuration -> key, and key -> the live modules of that configuration. A configuration is a
 # few strings and numbers, kept for the process so a key never changes meaning.
@@ -124,7 +125,11 @@ def _rnn(key: int, x: torch.Tensor, states: list[torch.Tensor | None],
          training: bool, extras: list[torch.Tensor]) -> list[torch.Tensor]:
     module, (y, final, _) = _run(key, x, states, params, lengths, seed, training, extras,
                                  train=False)
-    return [from_numpy(y, x), *(from_numpy(final[n], x) for n in module.state_names)]
+    # An op's results must not alias its inputs (a cell's output may be its input): the
+    # compiled graph may write into them, as inductor does into buffers it owns.
+    held = [to_numpy(t) for t in (x, *states, *extras, *params) if t is not None]
+    return [from_numpy(unshared(np, y, held), x),
+            *(from_numpy(unshared(np, final[n], held), x) for n in module.state_names)]
 
 
 @_rnn.register_fake

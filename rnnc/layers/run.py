@@ -47,6 +47,11 @@ class LayerTape:
     extra: dict[str, np.ndarray] = field(default_factory=dict)  # time-major, as given
     device: Device | None = None  # a device call's device: every array above lives there
 
+    def arrays(self) -> list[Any]:
+        """Every array the tape holds (what backward reads), with the cells' inputs."""
+        held = [a for row in self.tapes for tape in row for a in tape.env.values()]
+        return [*held, *(m for m in self.dropout_masks if m is not None), *self.extra.values()]
+
 
 def layer_extra(layer: RNN, k: int, extra: dict[str, np.ndarray], ops: Arrays
                 ) -> dict[str, np.ndarray]:
