@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from rnnc import dsl_random, ops
+from rnnc import ops_elementwise as elementwise
 from rnnc.dsl_checks import check_allocatable, check_name, check_size
 from rnnc.dsl_docs import DOCS
 from rnnc.errors import CellError, RnncTypeError, RnncValueError, ShapeError
@@ -61,6 +62,11 @@ class Value:
     def __rmul__(self, o): return apply(ops.mul, o, self)
     def __truediv__(self, o): return apply(ops.div, self, o)
     def __rtruediv__(self, o): return apply(ops.div, o, self)
+    # Python's floor division and modulo: a % b has the sign of b, a // b is floor(a / b).
+    def __mod__(self, o): return apply(elementwise.mod, self, o)
+    def __rmod__(self, o): return apply(elementwise.mod, o, self)
+    def __floordiv__(self, o): return apply(elementwise.floor, apply(ops.div, self, o))
+    def __rfloordiv__(self, o): return apply(elementwise.floor, apply(ops.div, o, self))
     def __neg__(self): return apply(ops.neg, self)
     def __pos__(self): return self
     def __abs__(self): return apply(ops.abs_, self)
@@ -366,11 +372,15 @@ def _function(op: ops.Op) -> Callable[..., Value]:
                 raise RnncValueError(f"{op.name} takes a non-empty list of values")
             return apply(op, *values)
     else:
+        member = elementwise.MEMBERS.get(op.name)
+        attributes = member.attributes if member else ()  # constants after the operands
         signature = inspect.Signature([inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-                                       for n in _OPERANDS[op.arity]])
+                                       for n in _OPERANDS[op.arity] + attributes])
 
         def function(*operands: Any, **named: Any) -> Value:
-            return apply(op, *signature.bind(*operands, **named).args)
+            args = signature.bind(*operands, **named).args
+            return apply(op, *args[:op.arity], **dict(zip(attributes, args[op.arity:],
+                                                          strict=True)))
         function.__signature__ = signature  # type: ignore[attr-defined]
     function.__name__ = function.__qualname__ = op.name
     default = f"Elementwise {op.name}." if op.kind is ops.OpKind.ELEMENTWISE else \

@@ -4,6 +4,8 @@ An op without an entry gets a one-line default naming its kind."""
 
 from __future__ import annotations
 
+from rnnc.ops_elementwise import FAMILY
+
 DOCS: dict[str, str] = {
     "where": "``a`` where ``cond > 0``, else ``b`` (elementwise, broadcasting).",
     "concat": "Concatenate a list of values along the feature axis.",
@@ -23,3 +25,5 @@ DOCS: dict[str, str] = {
     "softplus": "``log(1 + exp(x))``, computed without overflow; its gradient is sigmoid(x).",
     "stop_gradient": "``x`` itself, with no gradient: autodiff treats it as a constant.",
 }
+# The elementwise family documents its ops where it declares them.
+DOCS.update({member.op.name: member.doc for member in FAMILY})

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from rnnc import ops, philox
+from rnnc import ops_elementwise as elementwise
 
 
 class Site(Protocol):
@@ -61,7 +62,8 @@ class CStyleRenderer:
     """C for one floating type (``"f32"`` or ``"f64"``): literals, calls, helper functions."""
 
     qualifier = "static inline"
-    functions = ("exp", "log", "log1p", "tanh", "sqrt", "fabs", "pow")
+    functions = ("exp", "log", "log1p", "tanh", "sqrt", "fabs", "pow", "floor", "rint", "fmod",
+                 "sin", "cos", "erf", "erfc", "expm1", "copysign")
 
     def __init__(self, dtype: str) -> None:
         assert dtype in ("f32", "f64"), dtype
@@ -110,7 +112,30 @@ class CStyleRenderer:
             f"    return v < lo ? lo : (v > hi ? hi : v);\n"
             f"}}\n"
             f"{q} long long rnnc_max(long long a, long long b) {{ return a > b ? a : b; }}\n"
-            + self.bernoulli_helper()
+            + self.elementwise_helpers() + self.bernoulli_helper()
+        )
+
+    def elementwise_helpers(self) -> str:
+        """The elementwise family's helpers: NumPy's floor-mod (fmod moved by ``b`` when the
+        signs differ, a zero taking ``b``'s sign), log_sigmoid and GELU written as their
+        references are."""
+        t, q, zero = self.ctype, self.qualifier, self.zero
+        fmod, fabs = self.call("fmod", "a", "b"), self.call("fabs", "x")
+        return (
+            f"{q} {t} rnnc_mod({t} a, {t} b) {{\n"
+            f"    const {t} r = {fmod};\n"
+            f"    if (r == {zero}) return {self.call('copysign', zero, 'b')};\n"
+            f"    return ((r < {zero}) != (b < {zero})) ? r + b : r;\n"
+            f"}}\n"
+            f"{q} {t} rnnc_log_sigmoid({t} x) {{\n"
+            f"    const {t} tail = {self.call('log1p', self.call('exp', f'-{fabs}'))};\n"
+            f"    return (x > {zero} ? {zero} : x) - tail;\n"
+            f"}}\n"
+            f"{q} {t} rnnc_gelu({t} x) {{\n"
+            f"    return {self.literal(0.5)} * x * "
+            f"{self.call('erfc', f'x * {self.literal(-math.sqrt(0.5))}')};\n"
+            f"}}\n"
+            f"{q} {t} rnnc_silu({t} x) {{ return x * rnnc_sigmoid(x); }}\n"
         )
 
     def bernoulli_helper(self) -> str:
@@ -191,6 +216,12 @@ def _extreme(symbol: str) -> Callable[[Site], str]:
         return s.loop(str(s.width(0)), lambda k: s.at(0, col=k),
                       lambda acc, x: f"({x} {symbol} {acc} || {x} != {x}) ? {x} : {acc}", start)
     return rule
+
+
+def _clip(s: Site) -> str:
+    # Ordered compares keep NaN, as np.clip does.
+    x, lo, hi = s.at(0), s.r.literal(s.attrs["lo"]), s.r.literal(s.attrs["hi"])
+    return f"({x} < {lo} ? {lo} : ({x} > {hi} ? {hi} : {x}))"
 
 
 def _where(s: Site) -> str:
@@ -312,6 +343,18 @@ RULES: dict[ops.Op, Callable[[Site], str]] = {
     ops.softplus: _function("softplus"),
     ops.stop_gradient: lambda s: s.at(0),
     ops.bernoulli: _bernoulli,
+    elementwise.floor: _function("floor"),
+    elementwise.round_: _function("rint"),  # the default rounding mode: halves to even
+    elementwise.mod: lambda s: s.r.call("mod", s.at(0), s.at(1)),
+    elementwise.clip: _clip,
+    elementwise.sin: _function("sin"),
+    elementwise.cos: _function("cos"),
+    elementwise.log_sigmoid: _function("log_sigmoid"),
+    elementwise.silu: _function("silu"),
+    elementwise.gelu: _function("gelu"),
+    elementwise.erf: _function("erf"),
+    elementwise.log1p: _function("log1p"),
+    elementwise.expm1: _function("expm1"),
     ops.matmul: _matmul,
     ops.sum_: _sum,
     ops.mean: _mean,
