@@ -103,6 +103,20 @@ def test_vjp_matches_central_differences(member: elementwise.Member) -> None:
                                    err_msg=f"{member.op.name} operand {k}")
 
 
+def test_vjp_rules_emit_only_registered_primitives() -> None:
+    from test_vjp import EagerEmitter
+
+    class Recorder(EagerEmitter):
+        def __call__(self, op, *xs, **attrs):
+            assert ops.REGISTRY.get(op.name) is op, op
+            return super().__call__(op, *xs, **attrs)
+
+    for member in elementwise.FAMILY:
+        xs = _operands(member)
+        y = member.op.ref(*xs, **member.test_attrs)
+        member.op.vjp(Recorder(), np.ones_like(y), xs, y, **member.test_attrs)
+
+
 def test_round_takes_halves_to_even_and_mod_has_the_divisors_sign() -> None:
     halves = np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 3.5])
     np.testing.assert_array_equal(elementwise.round_.ref(halves), [-2, -2, -0, 0, 2, 2, 4])
