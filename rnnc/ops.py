@@ -21,6 +21,15 @@ import numpy as np
 # types are re-exported: code names them rnnc.ops.Op, rnnc.ops.Piece, ...
 from rnnc import ops_elementwise as elementwise  # noqa: F401
 from rnnc.op_types import REGISTRY, Op, OpKind, Piece, Shape, fmt_shape, register  # noqa: F401
+from rnnc.ops_elementwise import (  # noqa: F401 - the comparing and selecting ops, by their names
+    abs_,
+    greater,
+    greater_equal,
+    less,
+    less_equal,
+    maximum,
+    minimum,
+)
 
 _register = register
 
@@ -55,15 +64,6 @@ relu = _unary("relu", lambda x: np.maximum(x, 0).astype(x.dtype, copy=False), ru
 sqrt = _unary("sqrt", np.sqrt, rules.vjp_sqrt)
 rsqrt = _unary("rsqrt", lambda x: 1 / np.sqrt(x), rules.vjp_rsqrt)
 where = _register(Op("where", E, 3, rules.elementwise_shape, rules.where_ref, rules.vjp_where))
-# Comparisons give a 0.0/1.0 mask of the operands' dtype and pass no gradient.
-less = _binary("less", select.comparison(np.less), select.vjp_comparison)
-less_equal = _binary("less_equal", select.comparison(np.less_equal), select.vjp_comparison)
-greater = _binary("greater", select.comparison(np.greater), select.vjp_comparison)
-greater_equal = _binary("greater_equal", select.comparison(np.greater_equal),
-                        select.vjp_comparison)
-maximum = _binary("maximum", select.maximum_ref, select.vjp_maximum)
-minimum = _binary("minimum", select.minimum_ref, select.vjp_minimum)
-abs_ = _unary("abs", np.abs, select.vjp_abs)
 power = _unary("power", rules.power_ref, rules.vjp_power)  # attribute: exponent, a float
 softplus = _unary("softplus", rules.softplus_ref, rules.vjp_softplus)
 # The identity, with no gradient: what autodiff must treat as a constant.

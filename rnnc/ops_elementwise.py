@@ -219,6 +219,52 @@ def _vjp_expm1(e, g, xs, y):
     return (e(_op("mul"), g, e(_op("add"), y, _const(e, 1.0))),)
 
 
+# ---------------------------------------------------------------- comparing and selecting
+#
+# Ties, where the derivative of a selection is not defined, are broken so that the cotangents
+# are a subgradient and sum to the incoming one: maximum(a, b) and minimum(a, b) send the whole
+# cotangent to a where a == b (the value returned is a there too); abs(x) has gradient sign(x),
+# 0 at 0; comparisons are steps, 0.0/1.0 masks of the operands' dtype with no gradient.
+
+
+def _comparison(compare: Callable) -> Callable:
+    def ref(a, b):
+        a, b = np.asarray(a), np.asarray(b)
+        return compare(a, b).astype(np.result_type(a, b))
+    return ref
+
+
+def _maximum_ref(a, b):
+    # a at ties (it differs from b there only as -0.0 vs 0.0) and NaN from either operand.
+    a, b = np.asarray(a), np.asarray(b)
+    return np.where((a >= b) | np.isnan(a), a, b).astype(np.result_type(a, b), copy=False)
+
+
+def _minimum_ref(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    return np.where((a <= b) | np.isnan(a), a, b).astype(np.result_type(a, b), copy=False)
+
+
+def _select_first(e, g, first):
+    """The cotangent to a where the mask first is 1, else to b."""
+    zero = _const(e, 0.0)
+    return e(_op("where"), first, g, zero), e(_op("where"), first, zero, g)
+
+
+def _vjp_maximum(e, g, xs, y):
+    return _select_first(e, g, e(greater_equal, *xs))
+
+
+def _vjp_minimum(e, g, xs, y):
+    return _select_first(e, g, e(less_equal, *xs))
+
+
+def _vjp_abs(e, g, xs, y):
+    x, where, neg = xs[0], _op("where"), _op("neg")
+    # sign(x) * g, and 0 at x == 0 (and for NaN): neither where() branch is taken there.
+    return (e(where, x, g, e(where, e(neg, x), e(neg, g), _const(e, 0.0))),)
+
+
 # ---------------------------------------------------------------- the family
 
 
@@ -231,6 +277,25 @@ def _declare(name: str, arity: int, ref, vjp, doc: str, draws: tuple[Draw, ...],
 
 _MEMBERS: list[Member] = []
 
+_BOTH = (_normal(1.0), _normal(1.0))
+less = _declare("less", 2, _comparison(np.less), _vjp_zero,
+                "``a < b`` as 1.0 or 0.0 (elementwise, broadcasting); no gradient.", _BOTH)
+less_equal = _declare("less_equal", 2, _comparison(np.less_equal), _vjp_zero,
+                      "``a <= b`` as 1.0 or 0.0 (elementwise, broadcasting); no gradient.", _BOTH)
+greater = _declare("greater", 2, _comparison(np.greater), _vjp_zero,
+                   "``a > b`` as 1.0 or 0.0 (elementwise, broadcasting); no gradient.", _BOTH)
+greater_equal = _declare("greater_equal", 2, _comparison(np.greater_equal), _vjp_zero,
+                         "``a >= b`` as 1.0 or 0.0 (elementwise, broadcasting); no gradient.",
+                         _BOTH)
+maximum = _declare("maximum", 2, _maximum_ref, _vjp_maximum,
+                   "Elementwise maximum, broadcasting; at ties the value and gradient go to "
+                   "``a``.", _BOTH)
+minimum = _declare("minimum", 2, _minimum_ref, _vjp_minimum,
+                   "Elementwise minimum, broadcasting; at ties the value and gradient go to "
+                   "``a``.", _BOTH)
+abs_ = _declare("abs", 1, np.abs, _vjp_abs,
+                "Elementwise absolute value; its gradient is sign(x), 0 at 0.",
+                (_away_from_zero,))
 floor = _declare("floor", 1, np.floor, _vjp_zero,
                  "Elementwise floor, the largest integer ``<= x``; its gradient is 0.",
                  (_off_integers,))

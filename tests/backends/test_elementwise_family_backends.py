@@ -28,6 +28,10 @@ FAMILY = [pytest.param(m, id=m.op.name) for m in elementwise.FAMILY]
 
 # Values where an implementation is most easily wrong, put into the first operand's first row.
 HARD = {
+    # Against the second operand's [3, 3, -3, 3, 3, -3, -2, 2]: ties, and both zeros.
+    **{name: [3.0, 2.0, -3.0, 4.0, 3.0, -2.0, -2.0, 2.0]
+       for name in ("less", "less_equal", "greater", "greater_equal", "maximum", "minimum")},
+    "abs": [-0.0, 0.0, -1e-30, 1e-30, -3.5, 3.5, -1e30, 1e30],
     "round": [-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 3.5, -0.49999997],
     "floor": [-2.0, -1e-30, 0.0, 1e-30, 2.0, -2.5, 1e7 + 0.5, -0.0],
     "mod": [-7.0, 7.0, 0.0, -0.0, 1e-20, -1e-20, 5.5, -5.5],
@@ -43,12 +47,16 @@ HARD = {
 }
 
 
+EXACT = ("floor", "round", "mod", "clip", "less", "less_equal", "greater", "greater_equal",
+         "maximum", "minimum", "abs")
+
+
 def _inputs(member: elementwise.Member, dtype) -> list[np.ndarray]:
     rng = np.random.default_rng(zlib.crc32(member.op.name.encode()))
     xs = [np.asarray(draw(rng, (T, B, W)), np.float64) for draw in member.draws]
     if member.op.name in HARD:
         xs[0][0, 0] = HARD[member.op.name]
-        for other in xs[1:]:  # the divisor of mod: both signs against the hard dividends
+        for other in xs[1:]:  # the second operand: both signs against the hard values
             other[0, 0] = [3.0, 3.0, -3.0, 3.0, 3.0, -3.0, -2.0, 2.0]
     return [x.astype(dtype) for x in xs]
 
@@ -73,8 +81,9 @@ def _check_values(member: elementwise.Member, xs: list[np.ndarray], got: np.ndar
     dtype = got.dtype
     with np.errstate(over="ignore"):
         want = member.op.ref(*(x.astype(np.float64) for x in xs), **member.test_attrs)
-    if member.op.name in ("floor", "round", "mod", "clip"):
-        # They only select or round, and fmod is exact: equal to the bit, signs of zero too.
+    if member.op.name in EXACT:
+        # They only compare, select or round, and fmod is exact: equal to the bit, signs of
+        # zero too.
         np.testing.assert_array_equal(got, want.astype(dtype), err_msg=member.op.name)
         assert np.array_equal(np.signbit(got), np.signbit(want.astype(dtype))), member.op.name
         return

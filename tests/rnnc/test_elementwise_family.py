@@ -26,6 +26,13 @@ EPS = 1e-6
 
 # The independent oracle of each member's reference: torch's own function, in float64.
 TORCH = {
+    "less": lambda a, b: torch.lt(a, b).double(),
+    "less_equal": lambda a, b: torch.le(a, b).double(),
+    "greater": lambda a, b: torch.gt(a, b).double(),
+    "greater_equal": lambda a, b: torch.ge(a, b).double(),
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
+    "abs": torch.abs,
     "floor": torch.floor,
     "round": torch.round,
     "mod": torch.remainder,
