@@ -62,11 +62,11 @@ class Value:
     def __rmul__(self, o): return apply(ops.mul, o, self)
     def __truediv__(self, o): return apply(ops.div, self, o)
     def __rtruediv__(self, o): return apply(ops.div, o, self)
-    # Python's floor division and modulo: a % b has the sign of b, a // b is floor(a / b).
+    # Python's floor division and modulo: a % b has the sign of b, a // b = (a - a % b) / b.
     def __mod__(self, o): return apply(elementwise.mod, self, o)
     def __rmod__(self, o): return apply(elementwise.mod, o, self)
-    def __floordiv__(self, o): return apply(elementwise.floor, apply(ops.div, self, o))
-    def __rfloordiv__(self, o): return apply(elementwise.floor, apply(ops.div, o, self))
+    def __floordiv__(self, o): return apply(elementwise.floor_divide, self, o)
+    def __rfloordiv__(self, o): return apply(elementwise.floor_divide, o, self)
     def __neg__(self): return apply(ops.neg, self)
     def __pos__(self): return self
     def __abs__(self): return apply(ops.abs_, self)

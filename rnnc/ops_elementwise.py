@@ -306,6 +306,11 @@ mod = _declare("mod", 2, _mod_ref, _vjp_mod,
                "``a % b`` with the sign of ``b``, like Python and NumPy (``-1 % 3 = 2``); "
                "also ``a % b`` on traced values. Gradients 1 for ``a``, ``-floor(a / b)`` "
                "for ``b``.", (_dividends, _away_from_zero))
+floor_divide = _declare("floor_divide", 2, np.floor_divide, _vjp_zero,
+                        "``a // b`` as Python and NumPy compute it, ``(a - a % b) / b`` rounded "
+                        "to an integer (``1 // 0.1 = 9``, where ``floor(1 / 0.1) = 10``); also "
+                        "``a // b`` on traced values. Its gradient is 0.",
+                        (_dividends, _away_from_zero))
 clip = _declare("clip", 1, _clip_ref, _vjp_clip,
                 "``x`` limited to ``[lo, hi]`` (constant numbers, ``lo <= hi``); its gradient "
                 "is 1 on ``[lo, hi]``, bounds included like ``torch.clamp``, 0 outside.",

@@ -117,15 +117,24 @@ class CStyleRenderer:
 
     def elementwise_helpers(self) -> str:
         """The elementwise family's helpers: NumPy's floor-mod (fmod moved by ``b`` when the
-        signs differ, a zero taking ``b``'s sign), log_sigmoid and GELU written as their
-        references are."""
-        t, q, zero = self.ctype, self.qualifier, self.zero
+        signs differ, a zero taking ``b``'s sign) and floor division (NumPy's npy_divmod),
+        log_sigmoid, GELU and SiLU written as their references are."""
+        t, q, zero, one = self.ctype, self.qualifier, self.zero, self.one
         fmod, fabs = self.call("fmod", "a", "b"), self.call("fabs", "x")
         return (
             f"{q} {t} rnnc_mod({t} a, {t} b) {{\n"
             f"    const {t} r = {fmod};\n"
             f"    if (r == {zero}) return {self.call('copysign', zero, 'b')};\n"
             f"    return ((r < {zero}) != (b < {zero})) ? r + b : r;\n"
+            f"}}\n"
+            f"{q} {t} rnnc_floor_divide({t} a, {t} b) {{\n"
+            f"    if (b == {zero}) return a / b;\n"
+            f"    const {t} r = {fmod};\n"
+            f"    {t} q = (a - r) / b;\n"
+            f"    if (r != {zero} && ((r < {zero}) != (b < {zero}))) q -= {one};\n"
+            f"    if (q == {zero}) return {self.call('copysign', zero, 'a / b')};\n"
+            f"    const {t} f = {self.call('floor', 'q')};\n"
+            f"    return q - f > {self.literal(0.5)} ? f + {one} : f;\n"
             f"}}\n"
             f"{q} {t} rnnc_log_sigmoid({t} x) {{\n"
             f"    const {t} tail = {self.call('log1p', self.call('exp', f'-{fabs}'))};\n"
@@ -346,6 +355,7 @@ RULES: dict[ops.Op, Callable[[Site], str]] = {
     elementwise.floor: _function("floor"),
     elementwise.round_: _function("rint"),  # the default rounding mode: halves to even
     elementwise.mod: lambda s: s.r.call("mod", s.at(0), s.at(1)),
+    elementwise.floor_divide: lambda s: s.r.call("floor_divide", s.at(0), s.at(1)),
     elementwise.clip: _clip,
     elementwise.sin: _function("sin"),
     elementwise.cos: _function("cos"),

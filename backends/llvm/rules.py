@@ -70,6 +70,25 @@ def _mod(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
     return b.select(b.fcmp_ordered("==", remainder, zero), signed_zero, moved)
 
 
+def _floor_divide(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    """NumPy's floor division: (x - fmod(x, y)) / y, one less where the remainder's sign
+    differs from y's, then rounded to the nearest integer; x / y where y is 0; a zero quotient
+    takes the sign of x / y."""
+    zero, one = ir.Constant(x.type, 0.0), ir.Constant(x.type, 1.0)
+    remainder = b.frem(x, y)
+    quotient = b.fdiv(b.fsub(x, remainder), y)
+    differ = b.xor(b.fcmp_ordered("<", remainder, zero), b.fcmp_ordered("<", y, zero))
+    shift = b.and_(b.fcmp_ordered("!=", remainder, zero), differ)
+    quotient = b.select(shift, b.fsub(quotient, one), quotient)
+    floored = b.call(mathlib.intrinsic(b.module, "floor", x.type, 1), [quotient])
+    up = b.fcmp_ordered(">", b.fsub(quotient, floored), ir.Constant(x.type, 0.5))
+    rounded = b.select(up, b.fadd(floored, one), floored)
+    ratio = b.fdiv(x, y)
+    signed_zero = b.call(mathlib.intrinsic(b.module, "copysign", x.type, 2), [zero, ratio])
+    result = b.select(b.fcmp_ordered("==", quotient, zero), signed_zero, rounded)
+    return b.select(b.fcmp_ordered("==", y, zero), ratio, result)
+
+
 def _clip(b: ir.IRBuilder, x: ir.Value, lo: float, hi: float) -> ir.Value:
     # Ordered compares keep NaN, as np.clip does.
     low, high = ir.Constant(x.type, float(lo)), ir.Constant(x.type, float(hi))
@@ -118,6 +137,7 @@ SCALAR: dict[ops.Op, Callable[..., ir.Value]] = {
     elementwise.round_: lambda b, x: b.call(mathlib.intrinsic(b.module, "roundeven", x.type, 1),
                                             [x]),
     elementwise.mod: _mod,
+    elementwise.floor_divide: _floor_divide,
     elementwise.clip: _clip,  # with the node's attributes lo and hi
     elementwise.sin: lambda b, x: libm.call(b, "sin", x),
     elementwise.cos: lambda b, x: libm.call(b, "cos", x),

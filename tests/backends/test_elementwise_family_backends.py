@@ -35,6 +35,9 @@ HARD = {
     "round": [-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 3.5, -0.49999997],
     "floor": [-2.0, -1e-30, 0.0, 1e-30, 2.0, -2.5, 1e7 + 0.5, -0.0],
     "mod": [-7.0, 7.0, 0.0, -0.0, 1e-20, -1e-20, 5.5, -5.5],
+    # Against divisors of their own: 1 // 0.1 = 9 (floor(1 / 0.1) = 10), zeros, a zero divisor.
+    "floor_divide": ([1.0, -1.0, 0.0, -0.0, 7.0, 1.0, 0.3, 1e-20],
+                     [0.1, 0.1, 3.0, 3.0, -3.0, 0.0, 0.1, -2.0]),
     "clip": [-1.0, 2.0, -1.0000001, 2.0000002, 0.0, -50.0, 50.0, 1.5],
     "sin": [1e4, -1e4, 1e6, 3.14159265, 1e-20, 0.0, 710.5, -123456.7],
     "cos": [1e4, -1e4, 1e6, 1.5707963, 1e-20, 0.0, 710.5, -123456.7],
@@ -47,17 +50,19 @@ HARD = {
 }
 
 
-EXACT = ("floor", "round", "mod", "clip", "less", "less_equal", "greater", "greater_equal",
-         "maximum", "minimum", "abs")
+EXACT = ("floor", "round", "mod", "floor_divide", "clip", "less", "less_equal", "greater",
+         "greater_equal", "maximum", "minimum", "abs")
 
 
 def _inputs(member: elementwise.Member, dtype) -> list[np.ndarray]:
     rng = np.random.default_rng(zlib.crc32(member.op.name.encode()))
     xs = [np.asarray(draw(rng, (T, B, W)), np.float64) for draw in member.draws]
-    if member.op.name in HARD:
-        xs[0][0, 0] = HARD[member.op.name]
-        for other in xs[1:]:  # the second operand: both signs against the hard values
-            other[0, 0] = [3.0, 3.0, -3.0, 3.0, 3.0, -3.0, -2.0, 2.0]
+    hard = HARD[member.op.name]
+    rows = hard if isinstance(hard, tuple) else (hard,)
+    # A second operand without hard values of its own: both signs against the first's.
+    rows += ([3.0, 3.0, -3.0, 3.0, 3.0, -3.0, -2.0, 2.0],) * (len(xs) - len(rows))
+    for x, row in zip(xs, rows, strict=True):
+        x[0, 0] = row
     return [x.astype(dtype) for x in xs]
 
 
@@ -79,7 +84,7 @@ def test_every_member_has_hard_values() -> None:
 
 def _check_values(member: elementwise.Member, xs: list[np.ndarray], got: np.ndarray) -> None:
     dtype = got.dtype
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", divide="ignore"):  # x // 0 is inf, as in NumPy
         want = member.op.ref(*(x.astype(np.float64) for x in xs), **member.test_attrs)
     if member.op.name in EXACT:
         # They only compare, select or round, and fmod is exact: equal to the bit, signs of
@@ -105,7 +110,8 @@ def test_backend_matches_reference(dtype, backend: str) -> None:
     members = list(elementwise.FAMILY)
     fn = rnnc.compile(_cell(members), **BACKENDS[backend])
     inputs = {i: _inputs(m, dtype) for i, m in enumerate(members)}
-    ys, _ = fn({f"m{i}_{k}": x for i, xs in inputs.items() for k, x in enumerate(xs)}, {})
+    with np.errstate(over="ignore", divide="ignore"):
+        ys, _ = fn({f"m{i}_{k}": x for i, xs in inputs.items() for k, x in enumerate(xs)}, {})
     for i, member in enumerate(members):
         assert ys[member.op.name].dtype == dtype
         _check_values(member, inputs[i], ys[member.op.name])
@@ -120,7 +126,7 @@ def test_backend_gradients_match_central_differences(backend: str) -> None:
           for i, m in enumerate(members) for k, draw in enumerate(m.draws)}
     for i, m in enumerate(members):  # the saturating ones at +-1e4 too: gradients stay finite
         if m.op.name in ("log_sigmoid", "silu", "gelu"):
-            xs[f"m{i}_0"][0, 0] = HARD[m.op.name]
+            xs[f"m{i}_0"][0, 0] = HARD[m.op.name]  # single-operand members: a list
     dy = {m.op.name: rng.standard_normal((T, B, W)) for m in members}
     _, _, tape = fn.forward(xs, {})
     grads = fn.backward(tape, d_outputs=dy).x

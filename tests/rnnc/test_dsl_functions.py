@@ -19,8 +19,8 @@ PUBLIC = sorted(["concat", "exp", "log", "mean", "relu", "rsqrt", "sigmoid", "sq
                  "where", "abs", "amax", "amin", "greater", "greater_equal", "less", "less_equal",
                  "maximum", "minimum", "softplus", "stop_gradient", "bernoulli",
                  # the elementwise family's additions
-                 "floor", "round", "mod", "clip", "sin", "cos", "log_sigmoid", "silu", "gelu",
-                 "erf", "log1p", "expm1"])
+                 "floor", "round", "mod", "floor_divide", "clip", "sin", "cos", "log_sigmoid",
+                 "silu", "gelu", "erf", "log1p", "expm1"])
 
 
 def test_the_public_functions_are_the_registry_minus_operators() -> None:
