@@ -153,7 +153,7 @@ def test_backend_gradients_match_central_differences(backend: str) -> None:
 
 
 @pytest.mark.skipif(available_compiler() is None, reason=NO_COMPILER)
-@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("dtype", ["f32", pytest.param("f64", marks=pytest.mark.slow)])
 def test_family_kernels_compile_to_ptx(dtype: str) -> None:
     fn = rnnc.compile(_cell(list(elementwise.FAMILY)), backend="numpy")
     modules = []

@@ -193,6 +193,7 @@ def test_float32_rules_are_within_their_ulp_bound(jit: _Jit, name: str) -> None:
     _check(name, x, got, exact, _ulp_error(got, exact), MAX_ULP[name][0])
 
 
+@pytest.mark.slow  # mpmath at 40 digits: about 4 s for the eight functions
 @pytest.mark.parametrize("name", list(REFERENCES))
 def test_float64_rules_are_within_their_ulp_bound(jit: _Jit, name: str) -> None:
     x = _inputs(np.float64, 1_500)
