@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from rnnc import dsl_numpy, dsl_random, ops
+from rnnc import ops_elementwise as elementwise
 from rnnc.dsl_checks import check_allocatable, check_name, check_size, initial_values
 from rnnc.dsl_docs import DOCS
 from rnnc.errors import CellError, RnncTypeError, RnncValueError, ShapeError
@@ -61,6 +62,11 @@ class Value:
     def __rmul__(self, o): return apply(ops.mul, o, self)
     def __truediv__(self, o): return apply(ops.div, self, o)
     def __rtruediv__(self, o): return apply(ops.div, o, self)
+    # Python's floor division and modulo: a % b has the sign of b, a // b = (a - a % b) / b.
+    def __mod__(self, o): return apply(elementwise.mod, self, o)
+    def __rmod__(self, o): return apply(elementwise.mod, o, self)
+    def __floordiv__(self, o): return apply(elementwise.floor_divide, self, o)
+    def __rfloordiv__(self, o): return apply(elementwise.floor_divide, o, self)
     def __neg__(self): return apply(ops.neg, self)
     def __pos__(self): return self
     def __abs__(self): return apply(ops.abs_, self)
@@ -134,12 +140,11 @@ class Value:
     def __array__(self, *a, **k):
         raise RnncTypeError("a traced rnnc value cannot become a NumPy array")
 
+    # ``array * value`` runs the operator; ``np.tanh(value)``, ``np.concatenate([...])`` and
+    # the like raise an error naming rnnc's function (rnnc.tanh, rnnc.concat).
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        """``array * value`` runs the operator; ``np.tanh(value)`` says to use rnnc.tanh."""
         return dsl_numpy.array_ufunc(ufunc, method, inputs, kwargs, _user_location())
-
     def __array_function__(self, func, types, args, kwargs):
-        """``np.concatenate([...])`` and the like: an error naming rnnc's function."""
         raise dsl_numpy.refuse(func.__name__, _user_location())
 
 
@@ -315,13 +320,7 @@ class Cell:
         out = {}
         for name, shape in self.sizes("param").items():
             check_allocatable(name, shape, dtype)
-            init = self.inits[name]
-            if init is None:
-                arr = rng.uniform(-bound, bound, size=shape)
-            elif callable(init):
-                arr = initial_values(name, init, rng, shape)
-            else:
-                arr = np.full(shape, float(init))
+            arr = initial_values(name, self.inits[name], rng, shape, bound)
             out[name] = np.ascontiguousarray(arr, dtype=dtype)
         return out
 
@@ -374,11 +373,15 @@ def _function(op: ops.Op) -> Callable[..., Value]:
                 raise RnncValueError(f"{op.name} takes a non-empty list of values")
             return apply(op, *values)
     else:
+        member = elementwise.MEMBERS.get(op.name)
+        attributes = member.attributes if member else ()  # constants after the operands
         signature = inspect.Signature([inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-                                       for n in _OPERANDS[op.arity]])
+                                       for n in _OPERANDS[op.arity] + attributes])
 
         def function(*operands: Any, **named: Any) -> Value:
-            return apply(op, *signature.bind(*operands, **named).args)
+            args = signature.bind(*operands, **named).args
+            return apply(op, *args[:op.arity], **dict(zip(attributes, args[op.arity:],
+                                                          strict=True)))
         function.__signature__ = signature  # type: ignore[attr-defined]
     function.__name__ = function.__qualname__ = op.name
     default = f"Elementwise {op.name}." if op.kind is ops.OpKind.ELEMENTWISE else \

@@ -44,10 +44,15 @@ def check_allocatable(name: str, shape: tuple[int, ...], dtype: Any) -> None:
                         f"declare a smaller size")
 
 
-def initial_values(name: str, init: Callable, rng: np.random.Generator, shape: tuple[int, ...]
-                    ) -> np.ndarray:
-    """What ``init(rng, shape)`` returns for parameter ``name``: real numbers of ``shape``
-    (strings, objects, complex numbers, booleans and ragged lists are mistakes, not values)."""
+def initial_values(name: str, init: Callable | float | None, rng: np.random.Generator,
+                   shape: tuple[int, ...], bound: float) -> np.ndarray:
+    """Parameter ``name``'s first values: uniform in ±``bound`` for ``init=None``, a number
+    everywhere, or what ``init(rng, shape)`` returns: real numbers of ``shape`` (strings,
+    objects, complex numbers, booleans and ragged lists are mistakes, not values)."""
+    if init is None:
+        return rng.uniform(-bound, bound, size=shape)
+    if not callable(init):
+        return np.full(shape, float(init))
     what = f"init of parameter {name!r}"
     try:
         values = init(rng, shape)

@@ -4,6 +4,8 @@ An op without an entry gets a one-line default naming its kind."""
 
 from __future__ import annotations
 
+from rnnc.ops_elementwise import FAMILY
+
 DOCS: dict[str, str] = {
     "where": "``a`` where ``cond > 0``, else ``b`` (elementwise, broadcasting).",
     "concat": "Concatenate a list of values along the feature axis.",
@@ -13,13 +15,8 @@ DOCS: dict[str, str] = {
             "gradient is shared evenly by the elements equal to the maximum.",
     "amin": "Minimum over the feature axis, kept as an axis of 1: ``(B, n) -> (B, 1)``; its "
             "gradient is shared evenly by the elements equal to the minimum.",
-    "less": "``a < b`` as 1.0 or 0.0 (elementwise, broadcasting); no gradient.",
-    "less_equal": "``a <= b`` as 1.0 or 0.0 (elementwise, broadcasting); no gradient.",
-    "greater": "``a > b`` as 1.0 or 0.0 (elementwise, broadcasting); no gradient.",
-    "greater_equal": "``a >= b`` as 1.0 or 0.0 (elementwise, broadcasting); no gradient.",
-    "maximum": "Elementwise maximum, broadcasting; at ties the value and gradient go to ``a``.",
-    "minimum": "Elementwise minimum, broadcasting; at ties the value and gradient go to ``a``.",
-    "abs": "Elementwise absolute value; its gradient is sign(x), 0 at 0.",
     "softplus": "``log(1 + exp(x))``, computed without overflow; its gradient is sigmoid(x).",
     "stop_gradient": "``x`` itself, with no gradient: autodiff treats it as a constant.",
 }
+# The elementwise family documents its ops where it declares them.
+DOCS.update({member.op.name: member.doc for member in FAMILY})

@@ -52,7 +52,7 @@ def _structural(name: str) -> Op:
 ARG = _structural("arg")  # a graph input, read from the environment by name
 GET = _structural("get")  # one result of a multi-result node
 FUSED = _structural("fused")  # an elementwise region, emitted as one loop or one kernel
-STRUCTURAL = {op.name: op for op in (ARG, GET, FUSED)}  # by name, for ops.op_named
+STRUCTURAL = {op.name: op for op in (ARG, GET, FUSED)}  # by name, for op_types.op_named
 
 
 @dataclass(frozen=True)

@@ -15,30 +15,12 @@ import numpy as np
 
 from rnnc import ops
 from rnnc.errors import ShapeError
+from rnnc.op_types import broadcast_shapes, elementwise_shape  # noqa: F401 - re-exported
 
 Shape = tuple[Any, ...]
 
 
 # ---------------------------------------------------------------- shape rules
-
-
-def broadcast_shapes(*shapes: Shape) -> Shape:
-    """NumPy broadcasting over symbolic dims; a symbol only matches itself or 1."""
-    rank = max(len(s) for s in shapes)
-    out = []
-    for axis in range(-rank, 0):
-        dims = {s[axis] for s in shapes if len(s) >= -axis} - {1}
-        if len(dims) > 1:
-            raise ShapeError(
-                "cannot broadcast shapes " + ", ".join(ops.fmt_shape(s) for s in shapes)
-                + f": axis {axis} has sizes {sorted(map(str, dims))}"
-            )
-        out.append(dims.pop() if dims else 1)
-    return tuple(out)
-
-
-def elementwise_shape(*shapes: Shape, **_: Any) -> Shape:
-    return broadcast_shapes(*shapes)
 
 
 def matmul_shape(a: Shape, b: Shape, transpose_a: bool = False,

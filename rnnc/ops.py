@@ -9,105 +9,38 @@ All values of a program share one floating dtype, so the dtype rule of every op 
 the result has the dtype of its operands.
 
 The rules themselves (shapes, layout index rules, references, VJPs) live in ``rnnc.op_rules``.
+The elementwise family ``rnnc.ops_elementwise`` declares its ops with their rules and docs in one
+place (``floor``, ``mod``, ``sin``, ``gelu``, ...): ``rnnc.ops.elementwise.<name>``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from enum import Enum
-from typing import Any
-
 import numpy as np
 
-Shape = tuple[Any, ...]
+# The op families declare their ops themselves (importing one registers them); the shared
+# types are re-exported: code names them rnnc.ops.Op, rnnc.ops.Piece, ...
+from rnnc import ops_elementwise as elementwise  # noqa: F401
+from rnnc.op_types import (  # noqa: F401
+    REGISTRY,
+    Op,
+    OpKind,
+    Piece,
+    Shape,
+    fmt_shape,
+    op_named,
+    register,
+)
+from rnnc.ops_elementwise import (  # noqa: F401 - the comparing and selecting ops, by their names
+    abs_,
+    greater,
+    greater_equal,
+    less,
+    less_equal,
+    maximum,
+    minimum,
+)
 
-
-class OpKind(str, Enum):
-    """What an op does to the feature axis; passes and backends dispatch on it."""
-
-    ELEMENTWISE = "elementwise"  # element j of the result reads element j of each operand
-    MATMUL = "matmul"
-    REDUCE = "reduce"  # over the feature axis (sum, mean, amax, amin) or the rows (sum_rows)
-    LAYOUT = "layout"  # moves columns: its ``pieces`` rule says which column it reads
-    SOURCE = "source"  # no operands (constant)
-    SCAN = "scan"  # over the time axis of [T,...] sequences (linear_scan): outside the loop
-    STRUCTURAL = "structural"  # arg, get, fused: the IR's own plumbing
-
-
-@dataclass(frozen=True)
-class Piece:
-    """One column range of a layout op's result: for ``start <= j < stop``, column ``j`` reads
-    column ``(scale * j + offset) // div`` of operand ``operand`` when ``scale * j + offset``
-    is a multiple of ``div``, and is 0.0 when it is not or when ``operand`` is None.
-
-    ``div`` > 1 spreads the operand's columns ``div`` apart with zeros between them (``pad``
-    with a ``step``, the gradient of a strided ``slice``); ``scale`` > 1 skips columns (a
-    strided slice); ``scale`` 0 repeats one column (``expand``). A layout op's ``pieces`` rule
-    returns its pieces in column order, covering every column of the result once; the LLVM
-    region emitter and the CUDA kernel writer both read layout ops through it (select the piece
-    holding ``j``, clamp the read into the operand, select 0.0 off the ``div`` grid)."""
-
-    start: int
-    stop: int
-    operand: int | None
-    scale: int = 1
-    offset: int = 0
-    div: int = 1
-
-    def column(self, j: int) -> int:  # the operand column output column j reads
-        return (self.scale * j + self.offset) // self.div
-
-    def reads(self, j: int) -> bool:  # whether column j reads its operand (or is 0.0)
-        return self.operand is not None and (self.scale * j + self.offset) % self.div == 0
-
-
-@dataclass(frozen=True, eq=False)
-class Op:
-    """A primitive: a name plus one rule per job."""
-
-    name: str
-    kind: OpKind
-    arity: int | None  # None: any number of inputs
-    shape: Callable[..., Any]
-    ref: Callable[..., Any]
-    vjp: Callable[..., Any] | None = None
-    # Layout ops only: (operand widths, **attrs) -> tuple[Piece, ...]
-    pieces: Callable[..., tuple[Piece, ...]] | None = None
-    # Draws random bits from the loop's counter (bernoulli): passes keep it in the loop body,
-    # and autodiff recomputes it in backward instead of saving it.
-    random: bool = False
-
-    def __repr__(self) -> str:
-        return f"Op({self.name})"
-
-    def __reduce__(self) -> tuple[Callable[[str], Op], tuple[str]]:
-        # An op is one object per name whose rules are functions and lambdas: pickle the name,
-        # so that cells and programs pickle and load with the process's own op.
-        return op_named, (self.name,)
-
-
-REGISTRY: dict[str, Op] = {}
-
-
-def _register(op: Op) -> Op:
-    assert op.name not in REGISTRY, op.name
-    REGISTRY[op.name] = op
-    return op
-
-
-def op_named(name: str) -> Op:
-    """The op called ``name``: a primitive, or one of the IR's structural ops (arg, get, fused)."""
-    if name in REGISTRY:
-        return REGISTRY[name]
-    from rnnc import ir
-
-    return ir.STRUCTURAL[name]
-
-
-def fmt_shape(shape: Shape) -> str:
-    return "[" + ",".join(str(d) for d in shape) + "]"
-
+_register = register
 
 # The rules refer back to this module's ops by attribute, at call time.
 from rnnc import op_rules as rules  # noqa: E402
@@ -140,15 +73,6 @@ relu = _unary("relu", lambda x: np.maximum(x, 0).astype(x.dtype, copy=False), ru
 sqrt = _unary("sqrt", np.sqrt, rules.vjp_sqrt)
 rsqrt = _unary("rsqrt", lambda x: 1 / np.sqrt(x), rules.vjp_rsqrt)
 where = _register(Op("where", E, 3, rules.elementwise_shape, rules.where_ref, rules.vjp_where))
-# Comparisons give a 0.0/1.0 mask of the operands' dtype and pass no gradient.
-less = _binary("less", select.comparison(np.less), select.vjp_comparison)
-less_equal = _binary("less_equal", select.comparison(np.less_equal), select.vjp_comparison)
-greater = _binary("greater", select.comparison(np.greater), select.vjp_comparison)
-greater_equal = _binary("greater_equal", select.comparison(np.greater_equal),
-                        select.vjp_comparison)
-maximum = _binary("maximum", select.maximum_ref, select.vjp_maximum)
-minimum = _binary("minimum", select.minimum_ref, select.vjp_minimum)
-abs_ = _unary("abs", np.abs, select.vjp_abs)
 power = _unary("power", rules.power_ref, rules.vjp_power)  # attribute: exponent, a float
 softplus = _unary("softplus", rules.softplus_ref, rules.vjp_softplus)
 # The identity, with no gradient: what autodiff must treat as a constant.

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from rnnc import ops, philox
+from rnnc import ops_elementwise as elementwise
 
 
 class Site(Protocol):
@@ -62,7 +63,8 @@ class CStyleRenderer:
     """C for one floating type (``"f32"`` or ``"f64"``): literals, calls, helper functions."""
 
     qualifier = "static inline"
-    functions = ("exp", "log", "log1p", "tanh", "sqrt", "fabs", "pow")
+    functions = ("exp", "log", "log1p", "tanh", "sqrt", "fabs", "pow", "floor", "rint", "fmod",
+                 "sin", "cos", "erf", "erfc", "expm1", "copysign")
 
     def __init__(self, dtype: str) -> None:
         assert dtype in ("f32", "f64"), dtype
@@ -111,7 +113,39 @@ class CStyleRenderer:
             f"    return v < lo ? lo : (v > hi ? hi : v);\n"
             f"}}\n"
             f"{q} long long rnnc_max(long long a, long long b) {{ return a > b ? a : b; }}\n"
-            + self.bernoulli_helper()
+            + self.elementwise_helpers() + self.bernoulli_helper()
+        )
+
+    def elementwise_helpers(self) -> str:
+        """The elementwise family's helpers: NumPy's floor-mod (fmod moved by ``b`` when the
+        signs differ, a zero taking ``b``'s sign) and floor division (NumPy's npy_divmod),
+        log_sigmoid, GELU and SiLU written as their references are."""
+        t, q, zero, one = self.ctype, self.qualifier, self.zero, self.one
+        fmod, fabs = self.call("fmod", "a", "b"), self.call("fabs", "x")
+        return (
+            f"{q} {t} rnnc_mod({t} a, {t} b) {{\n"
+            f"    const {t} r = {fmod};\n"
+            f"    if (r == {zero}) return {self.call('copysign', zero, 'b')};\n"
+            f"    return ((r < {zero}) != (b < {zero})) ? r + b : r;\n"
+            f"}}\n"
+            f"{q} {t} rnnc_floor_divide({t} a, {t} b) {{\n"
+            f"    if (b == {zero}) return a / b;\n"
+            f"    const {t} r = {fmod};\n"
+            f"    {t} q = (a - r) / b;\n"
+            f"    if (r != {zero} && ((r < {zero}) != (b < {zero}))) q -= {one};\n"
+            f"    if (q == {zero}) return {self.call('copysign', zero, 'a / b')};\n"
+            f"    const {t} f = {self.call('floor', 'q')};\n"
+            f"    return q - f > {self.literal(0.5)} ? f + {one} : f;\n"
+            f"}}\n"
+            f"{q} {t} rnnc_log_sigmoid({t} x) {{\n"
+            f"    const {t} tail = {self.call('log1p', self.call('exp', f'-{fabs}'))};\n"
+            f"    return (x > {zero} ? {zero} : x) - tail;\n"
+            f"}}\n"
+            f"{q} {t} rnnc_gelu({t} x) {{\n"
+            f"    return {self.literal(0.5)} * x * "
+            f"{self.call('erfc', f'x * {self.literal(-math.sqrt(0.5))}')};\n"
+            f"}}\n"
+            f"{q} {t} rnnc_silu({t} x) {{ return x * rnnc_sigmoid(x); }}\n"
         )
 
     def bernoulli_helper(self) -> str:
@@ -204,6 +238,12 @@ def _extreme(symbol: str) -> Callable[[Site], str]:
         return s.loop(str(s.width(0)), lambda k: s.at(0, col=k),
                       lambda acc, x: f"({x} {symbol} {acc} || {x} != {x}) ? {x} : {acc}", start)
     return rule
+
+
+def _clip(s: Site) -> str:
+    # Ordered compares keep NaN, as np.clip does.
+    x, lo, hi = s.at(0), s.r.literal(s.attrs["lo"]), s.r.literal(s.attrs["hi"])
+    return f"({x} < {lo} ? {lo} : ({x} > {hi} ? {hi} : {x}))"
 
 
 def _where(s: Site) -> str:
@@ -325,6 +365,19 @@ RULES: dict[ops.Op, Callable[[Site], str]] = {
     ops.softplus: _function("softplus"),
     ops.stop_gradient: lambda s: s.at(0),
     ops.bernoulli: _bernoulli,
+    elementwise.floor: _function("floor"),
+    elementwise.round_: _function("rint"),  # the default rounding mode: halves to even
+    elementwise.mod: lambda s: s.r.call("mod", s.at(0), s.at(1)),
+    elementwise.floor_divide: lambda s: s.r.call("floor_divide", s.at(0), s.at(1)),
+    elementwise.clip: _clip,
+    elementwise.sin: _function("sin"),
+    elementwise.cos: _function("cos"),
+    elementwise.log_sigmoid: _function("log_sigmoid"),
+    elementwise.silu: _function("silu"),
+    elementwise.gelu: _function("gelu"),
+    elementwise.erf: _function("erf"),
+    elementwise.log1p: _function("log1p"),
+    elementwise.expm1: _function("expm1"),
     ops.matmul: _matmul,
     ops.sum_: _sum,
     ops.mean: _mean,

@@ -17,6 +17,7 @@ import pytest
 
 import rnnc
 from rnnc import ops
+from rnnc import ops_elementwise as elementwise
 from rnnc.dsl import Value
 
 I, H = 4, 4
@@ -155,6 +156,8 @@ def test_every_primitive_has_a_row() -> None:
     covered |= {ops.bernoulli}  # reads the call's seed: tests/rnnc/test_random.py, every backend
     # Over the time axis, never in a cell: tests/backends/test_linear_scan_backends.py.
     covered |= {ops.linear_scan, ops.last_step}
+    # The elementwise family, from its table: tests/backends/test_elementwise_family_backends.py.
+    covered |= {member.op for member in elementwise.FAMILY}
     missing = [op.name for op in ops.PRIMITIVES if op not in covered]
     assert not missing, f"primitives without a row: {missing}"
 
