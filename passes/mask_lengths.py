@@ -71,17 +71,28 @@ def mask_lengths(program: Program) -> Program:
     body = s.body.copy()
     mask = arg_of(body, MASK, ("B", 1), "seq", ORIGIN)
     env = program.env_types("pre")
+    zero = body.add(ops.constant, (), {"value": 0.0}, origin=ORIGIN)
+    # Padding (an input at t >= length) may hold NaN or Inf. A selection, not a product, keeps
+    # it out of every result: 0 * NaN is NaN, in the step's values that the mask drops and in
+    # the backward's partials and weight-gradient products (x^T dG) alike. Zero is what the
+    # step reads there instead, so padding reads as a zero-padded input would.
+    for name in s.seqs:
+        have = body.args().get(name)
+        if have is None or program.args[name][0] is not Role.INPUT:
+            continue
+        selected = body.add(ops.where, (mask, have, zero), origin=ORIGIN)
+        body.replace_all_uses(have, selected, keep=(selected,))
     # A reverse scan meets a sequence's padding (t >= length) first: holding the carry there
     # keeps it at its initial value, so each sequence starts at its own last step.
     for c in s.carries:
         old = arg_of(body, c.name, env[c.init].shape, "carry", ORIGIN)
         new = body.add(ops.where, (mask, body.outputs[c.name], old), origin=ORIGIN)
         body.outputs[c.name] = new
-    if s.stacked:
-        zero = body.add(ops.constant, (), {"value": 0.0}, origin=ORIGIN)
-        for name in s.stacked:
-            body.outputs[name] = body.add(ops.where, (mask, body.outputs[name], zero),
-                                          origin=ORIGIN)
+    for name in s.stacked:
+        body.outputs[name] = body.add(ops.where, (mask, body.outputs[name], zero),
+                                      origin=ORIGIN)
+    if not body.users(zero):  # no input and no stacked output: nothing reads it
+        body.remove(zero)
     args = {**program.args, MASK: (Role.MASK, Type(program.dtype, ("T", "B", 1)))}
     scan = replace(s, body=body, seqs=s.seqs + (MASK,))
     return replace(program, args=args, scan=scan)

@@ -178,9 +178,13 @@ class Graph:
         g.outputs = dict(self.outputs)
         return g
 
-    def replace_all_uses(self, old: int, new: int) -> None:
-        """Make every user of ``old`` (and every output) use ``new`` instead."""
+    def replace_all_uses(self, old: int, new: int, keep: Iterable[int] = ()) -> None:
+        """Make every user of ``old`` (and every output) use ``new`` instead, except the nodes
+        in ``keep`` (a ``new`` that reads ``old`` keeps reading it)."""
+        kept = set(keep)
         for user in self.users(old):
+            if user in kept:
+                continue
             node = self.node(user)
             inputs = tuple(new if i == old else i for i in node.inputs)
             self._rewire(replace(node, inputs=inputs))
