@@ -1,9 +1,10 @@
 """mask-lengths: variable-length sequences as a rewrite of the loop body.
 
 A program arg ``len.mask`` (f[T,B,1], 1.0 while t < length else 0.0; the name has a dot, so no
-user name can take it) becomes a sequence of the scan; a carry keeps its old value and a
-stacked output is zero once a sequence has ended. The pass runs first, and only for calls with
-lengths, so autodiff differentiates the masked step and backward is masked for free.
+user name can take it) becomes a sequence of the scan; past a sequence's end an input reads as
+zero, a carry keeps its old value and a stacked output is zero. Every one is a selection
+(``where``), never a product with the mask: 0 * NaN is NaN. The pass runs first, and only for
+calls with lengths, so autodiff differentiates the masked step and backward is masked for free.
 
 Example (``tests/passes/test_pass_examples.py`` checks the listings)::
 
@@ -29,7 +30,8 @@ As traced::
       results: y, h.final
     }
 
-After: the carry ``h`` keeps its value past the end, and ``y`` is zero there::
+After: the step reads ``x`` as zero past the end (padding may hold NaN or Inf, and must reach
+no result, gradients included), the carry ``h`` keeps its value there, and ``y`` is zero::
 
     program short inference: after mask-lengths (f32) {
       inputs: x: f32[T,B,2]
@@ -37,13 +39,14 @@ After: the carry ``h`` keeps its value past the end, and ``y`` is zero there::
       params: W: f32[2,2]
       mask: len.mask: f32[T,B,1]
       scan forward seqs(x, len.mask) consts(W) carries(h=h->h.final) stacked(y) {
-        %0: f32[B,2] = matmul(x, W)
-        %1: f32[B,2] = add(%0, h)
-        %2: f32[B,2] = tanh(%1)
-        %3: f32[B,2] = where(len.mask, %2, h)  # mask-lengths
-        %4: f32[] = constant[value=0.0]()  # mask-lengths
-        %5: f32[B,2] = where(len.mask, %2, %4)  # mask-lengths
-        yield h=%3, y=%5
+        %0: f32[] = constant[value=0.0]()  # mask-lengths
+        %1: f32[B,2] = where(len.mask, x, %0)  # mask-lengths
+        %2: f32[B,2] = matmul(%1, W)
+        %3: f32[B,2] = add(%2, h)
+        %4: f32[B,2] = tanh(%3)
+        %5: f32[B,2] = where(len.mask, %4, h)  # mask-lengths
+        %6: f32[B,2] = where(len.mask, %4, %0)  # mask-lengths
+        yield h=%5, y=%6
       }
       results: y, h.final
     }
