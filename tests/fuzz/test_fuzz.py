@@ -12,6 +12,11 @@ LLVM (with and without parallel-scan) and the CUDA emulation in one combination 
 emulation and 3.3 on LLVM on one core (7 hours in all; chunks are independent tests, so they
 can be spread over processes or machines). A failure prints a shrunk reproducer
 (tests/fuzz/shrink.py).
+
+The padding target (tests/fuzz/padding.py) fills the inputs past the lengths with NaN or Inf
+and compares with the oracle on zero padding: by default 6 cells on NumPy and one on LLVM;
+``pytest -m slow`` runs seeds 300-1299 on NumPy, LLVM and the CUDA emulation (10 chunks of 100
+per target; the emulation compiles 5 cells as one bundle).
 """
 
 from __future__ import annotations
@@ -21,10 +26,13 @@ import pytest
 import rnnc
 from tests.fuzz.campaign import fuzz
 from tests.fuzz.differential import COMBOS, TARGETS, Stats, case
+from tests.fuzz.padding import fuzz_padding
 from tests.fuzz.spec import build
 
 SLOW_SEEDS = range(300, 5300)
 SLOW_CHUNKS = 50
+PADDING_SLOW_SEEDS = range(300, 1300)
+PADDING_SLOW_CHUNKS = 10
 
 
 def _numpy_combos(seed: int) -> tuple[tuple[str, bool], ...]:
@@ -102,3 +110,35 @@ def test_slow_matches_oracle(target: str, chunk: int) -> None:
         _run(seeds, target, lambda k: _in_turn(seeds[k]))
     else:  # the CUDA emulation, or a GPU where there is one
         _run(seeds, target, lambda k: _in_turn(chunk + k), bundle_size=6)
+
+
+def _run_padding(seeds, target_name: str, bundle_size: int = 1) -> None:
+    target = TARGETS[target_name]
+    why = target.available()
+    if why is not None:
+        pytest.skip(why)
+    reports, stats = fuzz_padding(seeds, target, bundle_size)
+    print(f"{target_name} with NaN/Inf padding: {stats.cells} cells, {stats.comparisons} "
+          f"arrays compared, worst error float32 {stats.worst['float32']:.2g} float64 "
+          f"{stats.worst['float64']:.2g}")
+    if reports:
+        pytest.fail("\n".join(reports), pytrace=False)
+    assert stats.cells == len(seeds)
+    assert stats.comparisons >= 3 * stats.runs
+
+
+def test_numpy_ignores_nan_padding() -> None:
+    _run_padding(range(6), "numpy")
+
+
+def test_llvm_ignores_nan_padding() -> None:
+    _run_padding(range(6, 7), "llvm")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["numpy", "llvm", "cuda-emulate", "cuda"])
+@pytest.mark.parametrize("chunk", range(PADDING_SLOW_CHUNKS))
+def test_slow_padding_matches_zero_padding(target: str, chunk: int) -> None:
+    size = len(PADDING_SLOW_SEEDS) // PADDING_SLOW_CHUNKS
+    seeds = PADDING_SLOW_SEEDS[chunk * size:(chunk + 1) * size]
+    _run_padding(seeds, target, bundle_size=5 if target.startswith("cuda") else 1)
