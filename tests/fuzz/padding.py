@@ -15,7 +15,15 @@ from dataclasses import replace
 import numpy as np
 
 from tests.fuzz.differential import (
-    Data, Mismatch, Stats, Target, case, compare, expected, make_data, oracle,
+    Data,
+    Mismatch,
+    Stats,
+    Target,
+    case,
+    compare,
+    expected,
+    make_data,
+    oracle,
     run_pipelines,
 )
 from tests.fuzz.spec import build, bundle

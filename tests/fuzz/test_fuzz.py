@@ -14,9 +14,9 @@ can be spread over processes or machines). A failure prints a shrunk reproducer
 (tests/fuzz/shrink.py).
 
 The padding target (tests/fuzz/padding.py) fills the inputs past the lengths with NaN or Inf
-and compares with the oracle on zero padding: by default 6 cells on NumPy and one on LLVM (a small one);
-``pytest -m slow`` runs seeds 300-1299 on NumPy, LLVM and the CUDA emulation (10 chunks of 100
-per target; the emulation compiles 5 cells as one bundle).
+and compares with the oracle on zero padding: by default 6 cells on NumPy and a small one on
+LLVM; ``pytest -m slow`` runs seeds 300-1299 on NumPy, LLVM and the CUDA emulation (10 chunks
+of 100 per target; the emulation compiles 5 cells as one bundle).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import rnnc
+from rnnc.interop import weights
 
 T, B, I, E, H = 5, 3, 3, 2, 4
 LENGTHS = np.array([5, 2, 3])
@@ -114,7 +115,6 @@ def test_layer_padding_matches_torch_packed():
     np.testing.assert_allclose(y, out.detach().numpy(), rtol=0, atol=1e-9)
     np.testing.assert_allclose(st["h"], fin.detach().numpy(), rtol=0, atol=1e-9)
     np.testing.assert_allclose(g.x, xt.grad.numpy(), rtol=0, atol=1e-9)
-    from rnnc.interop import weights
     grads = weights.layers_to_torch_state_dict("gru", g.params)
     for name, p in module.named_parameters():
         np.testing.assert_allclose(grads[name], p.grad.numpy(), rtol=0, atol=1e-9, err_msg=name)
