@@ -38,15 +38,17 @@ def pad(a: np.ndarray, fill: float) -> np.ndarray:
     return np.where(PAST[:, :, None], fill, a)
 
 
-def run(fn, xs: dict[str, np.ndarray], params, dtype=np.float64) -> dict[str, np.ndarray]:
-    """Inference, training forward and backward: every result by name."""
+def run(fn, xs: dict[str, np.ndarray], params, dtype=np.float64, fill: float = 0.0
+        ) -> dict[str, np.ndarray]:
+    """Inference, training forward and backward (the output cotangent past the lengths set to
+    ``fill``: a packed sequence has no output there to take it): every result by name."""
     rng = np.random.default_rng(1)
     xs = {n: v.astype(dtype) for n, v in xs.items()}
     params = {n: v.astype(dtype) for n, v in params.items()}
     h0 = {"h": rng.uniform(-0.5, 0.5, (B, H)).astype(dtype)}
     ys, st = fn(xs, params, states=h0, lengths=LENGTHS)
     ys_f, st_f, tape = fn.forward(xs, params, states=h0, lengths=LENGTHS)
-    g = fn.backward(tape, {"y": rng.standard_normal((T, B, H)).astype(dtype)},
+    g = fn.backward(tape, {"y": pad(rng.standard_normal((T, B, H)), fill).astype(dtype)},
                     {"h": rng.standard_normal((B, H)).astype(dtype)})
     out = {"y": ys["y"], "h": st["h"], "forward y": ys_f["y"], "forward h": st_f["h"],
            "grad x": g.x["x"], "grad h": g.states["h"]}
@@ -67,7 +69,7 @@ def case():
 
 def check(fn, case, fill: float, dtype=np.float64, atol=1e-12) -> None:
     _, xs, params, want = case
-    got = run(fn, {n: pad(v, fill) for n, v in xs.items()}, params, dtype)
+    got = run(fn, {n: pad(v, fill) for n, v in xs.items()}, params, dtype, fill)
     clean = run(fn, {n: pad(v, 0.0) for n, v in xs.items()}, params, dtype)
     for name, value in got.items():
         assert np.isfinite(value).all(), name
