@@ -81,7 +81,7 @@ def mask_lengths(program: Program) -> Program:
     # step reads there instead, so padding reads as a zero-padded input would.
     for name in s.seqs:
         have = body.args().get(name)
-        if have is None or program.args[name][0] is not Role.INPUT:
+        if have is None or program.args.get(name, (None,))[0] is not Role.INPUT:
             continue
         selected = body.add(ops.where, (mask, have, zero), origin=ORIGIN)
         body.replace_all_uses(have, selected, keep=(selected,))

@@ -157,3 +157,28 @@ def test_layer_extra_input_padding_is_never_read():
             assert np.isfinite(value).all(), (fill, name)
             np.testing.assert_array_equal(value, clean[name], err_msg=f"{fill} {name}")
     assert (clean["grad x"][PAST] == 0).all() and (clean["grad u"][PAST] == 0).all()
+
+
+@pytest.mark.parametrize("fill", [np.nan, np.inf])
+def test_double_backward_padding_reaches_no_result(case, fill):
+    """Second order too: padded inputs and a padded cotangent of the input gradient."""
+    cell, xs, params, _ = case
+    rng = np.random.default_rng(4)
+    d_y, g_x = rng.standard_normal((T, B, H)), rng.standard_normal((T, B, I))
+
+    def results(fn, fill: float) -> dict[str, np.ndarray]:
+        padded = {n: pad(v, fill) for n, v in xs.items()}
+        _, _, tape = fn.forward(padded, params, lengths=LENGTHS)
+        d_out, d_st, g = fn.double_backward(tape, {"y": pad(d_y, fill)}, None,
+                                            {"x": pad(g_x, fill)}, None, None)
+        out = {"d y": d_out["y"], "x": g.x["x"], "h": g.states["h"]}
+        out.update({f"param {n}": v for n, v in g.params.items()})
+        return out
+
+    want = results(rnnc.compile(cell, backend="numpy", optimize=False), 0.0)
+    fn = rnnc.compile(cell, backend="numpy")
+    clean, got = results(fn, 0.0), results(fn, fill)
+    for name, value in got.items():
+        assert np.isfinite(value).all(), name
+        np.testing.assert_array_equal(value, clean[name], err_msg=name)
+        np.testing.assert_allclose(value, want[name], rtol=0, atol=1e-12, err_msg=name)
