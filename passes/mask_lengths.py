@@ -57,7 +57,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from rnnc import ops
-from rnnc.ir import Program, Type
+from rnnc.ir import Graph, Program, Type
 from rnnc.names import MASK, Role
 from rnnc.passes import register
 from rnnc.passes._rewrite import arg_of
@@ -71,20 +71,10 @@ def mask_lengths(program: Program) -> Program:
     if MASK in program.args:  # already masked: rerunning the pass changes nothing
         return program
     s = program.scan
-    body = s.body.copy()
-    mask = arg_of(body, MASK, ("B", 1), "seq", ORIGIN)
+    inputs = [n for n in s.seqs if program.args.get(n, (None,))[0] is Role.INPUT]
+    body, zero = _inputs_selected(s.body, inputs)
+    mask = body.args()[MASK]
     env = program.env_types("pre")
-    zero = body.add(ops.constant, (), {"value": 0.0}, origin=ORIGIN)
-    # Padding (an input at t >= length) may hold NaN or Inf. A selection, not a product, keeps
-    # it out of every result: 0 * NaN is NaN, in the step's values that the mask drops and in
-    # the backward's partials and weight-gradient products (x^T dG) alike. Zero is what the
-    # step reads there instead, so padding reads as a zero-padded input would.
-    for name in s.seqs:
-        have = body.args().get(name)
-        if have is None or program.args.get(name, (None,))[0] is not Role.INPUT:
-            continue
-        selected = body.add(ops.where, (mask, have, zero), origin=ORIGIN)
-        body.replace_all_uses(have, selected, keep=(selected,))
     # A reverse scan meets a sequence's padding (t >= length) first: holding the carry there
     # keeps it at its initial value, so each sequence starts at its own last step.
     for c in s.carries:
@@ -99,3 +89,33 @@ def mask_lengths(program: Program) -> Program:
     args = {**program.args, MASK: (Role.MASK, Type(program.dtype, ("T", "B", 1)))}
     scan = replace(s, body=body, seqs=s.seqs + (MASK,))
     return replace(program, args=args, scan=scan)
+
+
+def _inputs_selected(old: Graph, inputs: list[str]) -> tuple[Graph, int]:
+    """A copy of the step ``old`` with ``len.mask`` among its args, reading each of ``inputs``
+    through ``where(len.mask, x, 0)``; returns it and its constant zero.
+
+    Padding (an input at t >= length) may hold NaN or Inf. A selection, not a product, keeps
+    it out of every result: 0 * NaN is NaN, in the step's values that the mask drops and in
+    the backward's partials and weight-gradient products (x^T dG) alike. The copy numbers its
+    nodes args, selections, then the step in its own order, so every later pass meets the
+    step's nodes in the order it would without lengths (fuse-gate-matmuls packs a parameter
+    two matmuls share into the first one's block: the masked program's parameter blocks must
+    be the unmasked one's, the layout of every call)."""
+    g = Graph(old.dtype)
+    new: dict[int, int] = {}
+    for nid in old.args().values():
+        node = old.node(nid)
+        new[nid] = g.arg(node.attrs["name"], node.shape, node.attrs["role"], node.origin)
+    mask = arg_of(g, MASK, ("B", 1), "seq", ORIGIN)
+    zero = g.add(ops.constant, (), {"value": 0.0}, origin=ORIGIN)
+    for name, nid in old.args().items():
+        if name in inputs:
+            new[nid] = g.add(ops.where, (mask, new[nid], zero), origin=ORIGIN)
+    for nid in old.topo():
+        node = old.node(nid)
+        if nid not in new:
+            new[nid] = g.add(node.op, [new[i] for i in node.inputs], dict(node.attrs),
+                             origin=node.origin, loc=node.loc)
+    g.outputs = {name: new[nid] for name, nid in old.outputs.items()}
+    return g, zero

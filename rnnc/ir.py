@@ -178,9 +178,9 @@ class Graph:
         g.outputs = dict(self.outputs)
         return g
 
-    def replace_all_uses(self, old: int, new: int, keep: tuple[int, ...] = ()) -> None:
-        """Make every user of ``old`` but those in ``keep`` (and every output) use ``new``."""
-        for user in [u for u in self.users(old) if u not in keep]:
+    def replace_all_uses(self, old: int, new: int) -> None:
+        """Make every user of ``old`` (and every output) use ``new`` instead."""
+        for user in self.users(old):
             node = self.node(user)
             inputs = tuple(new if i == old else i for i in node.inputs)
             self._rewire(replace(node, inputs=inputs))

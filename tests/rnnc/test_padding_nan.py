@@ -182,3 +182,30 @@ def test_double_backward_padding_reaches_no_result(case, fill):
         assert np.isfinite(value).all(), name
         np.testing.assert_array_equal(value, clean[name], err_msg=name)
         np.testing.assert_allclose(value, want[name], rtol=0, atol=1e-12, err_msg=name)
+
+
+def test_lengths_keep_the_parameter_blocks():
+    """W is shared by a matmul of x and one of h: fuse-gate-matmuls packs it with the first
+    group it meets. Selecting x past the lengths must not change which one that is, or the
+    masked programs read parameter blocks the call's layout does not have."""
+    c = rnnc.Cell("shared")
+    x, h = c.input("x", H), c.state("h", H)
+    W, V, A = c.param("W", (H, H)), c.param("V", (H, H)), c.param("A", (H, H))
+    new = rnnc.tanh(x @ W + x @ V + h @ A + h @ W)
+    c.update(h=new)
+    c.output("y", new)
+    params = c.init_params(seed=0, dtype=np.float64)
+    xs = pad(np.random.default_rng(5).standard_normal((T, B, H)), np.nan)
+    oracle = rnnc.compile(c, backend="numpy", optimize=False)
+    fn = rnnc.compile(c, backend="numpy")
+    for program in ("inference", "forward", "backward"):
+        assert "W|V" in fn.ir(program, "f64", lengths=True), program
+    want = oracle(pad(xs, 0.0), params, lengths=LENGTHS)
+    got = fn(xs, params, lengths=LENGTHS)
+    np.testing.assert_allclose(got[0]["y"], want[0]["y"], rtol=0, atol=1e-12)
+    _, _, tape = fn.forward(xs, params, lengths=LENGTHS)
+    _, _, want_tape = oracle.forward(pad(xs, 0.0), params, lengths=LENGTHS)
+    d_y = {"y": np.ones((T, B, H))}
+    g, want_g = fn.backward(tape, d_y), oracle.backward(want_tape, d_y)
+    for name, value in g.params.items():
+        np.testing.assert_allclose(value, want_g.params[name], rtol=0, atol=1e-12)
