@@ -125,9 +125,12 @@ class _Plan:
     # Random masks (bernoulli) and what no matmul computes from them, parameters and
     # constants (``1 - m``, ``m / (1 - p)``): drawn again in backward, never saved.
     drawn: set[int] = field(init=False)
+    # Selections among inputs, the mask and constants (mask-lengths' ``where(len.mask, x,
+    # 0)``): one elementwise pass over what backward reads anyway, never stacked.
+    selections: set[int] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.param_only, self.drawn = set(), set()
+        self.param_only, self.drawn, self.selections = set(), set(), set()
         for node in self.fwd.nodes():
             if node.op is ARG:
                 if self.roles[node.attrs["name"]] == "const":
@@ -137,6 +140,16 @@ class _Plan:
             elif node.op.random or node.op is not ops.matmul and all(
                     i in self.param_only or i in self.drawn for i in node.inputs):
                 self.drawn.add(node.id)
+            elif node.op is ops.where and all(self._read_as_is(i) for i in node.inputs):
+                self.selections.add(node.id)
+
+    def _read_as_is(self, nid: int) -> bool:
+        """Whether backward reads forward value ``nid`` without saving it: a sequence, a
+        parameter or a constant."""
+        node = self.fwd.node(nid)
+        if node.op is ARG:
+            return self.roles[node.attrs["name"]] != "carry"
+        return node.op is ops.constant
 
     def arg(self, name: str, shape: tuple, kind: str) -> int:
         if name not in self.args:
@@ -158,7 +171,8 @@ class _Plan:
             # A random mask is drawn again from its counter (the seed, the step, the row):
             # regenerating it costs less than stacking it, and its args are inputs anyway.
             recompute = node.op is not ARG and (node.op is ops.constant or top in self.drawn
-                                                 or top in self.param_only)
+                                                 or top in self.param_only
+                                                 or top in self.selections)
             missing = [i for i in node.inputs if i not in self.values] if recompute else []
             if missing:
                 stack.extend(reversed(missing))  # leftmost first, as a recursion would

@@ -1,9 +1,10 @@
 """mask-lengths: variable-length sequences as a rewrite of the loop body.
 
 A program arg ``len.mask`` (f[T,B,1], 1.0 while t < length else 0.0; the name has a dot, so no
-user name can take it) becomes a sequence of the scan; a carry keeps its old value and a
-stacked output is zero once a sequence has ended. The pass runs first, and only for calls with
-lengths, so autodiff differentiates the masked step and backward is masked for free.
+user name can take it) becomes a sequence of the scan; past a sequence's end an input reads as
+zero, a carry keeps its old value and a stacked output is zero. Every one is a selection
+(``where``), never a product with the mask: 0 * NaN is NaN. The pass runs first, and only for
+calls with lengths, so autodiff differentiates the masked step and backward is masked for free.
 
 Example (``tests/passes/test_pass_examples.py`` checks the listings)::
 
@@ -29,7 +30,8 @@ As traced::
       results: y, h.final
     }
 
-After: the carry ``h`` keeps its value past the end, and ``y`` is zero there::
+After: the step reads ``x`` as zero past the end (padding may hold NaN or Inf, and must reach
+no result, gradients included), the carry ``h`` keeps its value there, and ``y`` is zero::
 
     program short inference: after mask-lengths (f32) {
       inputs: x: f32[T,B,2]
@@ -37,13 +39,14 @@ After: the carry ``h`` keeps its value past the end, and ``y`` is zero there::
       params: W: f32[2,2]
       mask: len.mask: f32[T,B,1]
       scan forward seqs(x, len.mask) consts(W) carries(h=h->h.final) stacked(y) {
-        %0: f32[B,2] = matmul(x, W)
-        %1: f32[B,2] = add(%0, h)
-        %2: f32[B,2] = tanh(%1)
-        %3: f32[B,2] = where(len.mask, %2, h)  # mask-lengths
-        %4: f32[] = constant[value=0.0]()  # mask-lengths
-        %5: f32[B,2] = where(len.mask, %2, %4)  # mask-lengths
-        yield h=%3, y=%5
+        %0: f32[] = constant[value=0.0]()  # mask-lengths
+        %1: f32[B,2] = where(len.mask, x, %0)  # mask-lengths
+        %2: f32[B,2] = matmul(%1, W)
+        %3: f32[B,2] = add(%2, h)
+        %4: f32[B,2] = tanh(%3)
+        %5: f32[B,2] = where(len.mask, %4, h)  # mask-lengths
+        %6: f32[B,2] = where(len.mask, %4, %0)  # mask-lengths
+        yield h=%5, y=%6
       }
       results: y, h.final
     }
@@ -54,7 +57,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from rnnc import ops
-from rnnc.ir import Program, Type
+from rnnc.ir import Graph, Program, Type
 from rnnc.names import MASK, Role
 from rnnc.passes import register
 from rnnc.passes._rewrite import arg_of
@@ -68,8 +71,9 @@ def mask_lengths(program: Program) -> Program:
     if MASK in program.args:  # already masked: rerunning the pass changes nothing
         return program
     s = program.scan
-    body = s.body.copy()
-    mask = arg_of(body, MASK, ("B", 1), "seq", ORIGIN)
+    inputs = [n for n in s.seqs if program.args.get(n, (None,))[0] is Role.INPUT]
+    body, zero = _inputs_selected(s.body, inputs)
+    mask = body.args()[MASK]
     env = program.env_types("pre")
     # A reverse scan meets a sequence's padding (t >= length) first: holding the carry there
     # keeps it at its initial value, so each sequence starts at its own last step.
@@ -77,11 +81,41 @@ def mask_lengths(program: Program) -> Program:
         old = arg_of(body, c.name, env[c.init].shape, "carry", ORIGIN)
         new = body.add(ops.where, (mask, body.outputs[c.name], old), origin=ORIGIN)
         body.outputs[c.name] = new
-    if s.stacked:
-        zero = body.add(ops.constant, (), {"value": 0.0}, origin=ORIGIN)
-        for name in s.stacked:
-            body.outputs[name] = body.add(ops.where, (mask, body.outputs[name], zero),
-                                          origin=ORIGIN)
+    for name in s.stacked:
+        body.outputs[name] = body.add(ops.where, (mask, body.outputs[name], zero),
+                                      origin=ORIGIN)
+    if not body.users(zero):  # no input and no stacked output: nothing reads it
+        body.remove(zero)
     args = {**program.args, MASK: (Role.MASK, Type(program.dtype, ("T", "B", 1)))}
     scan = replace(s, body=body, seqs=s.seqs + (MASK,))
     return replace(program, args=args, scan=scan)
+
+
+def _inputs_selected(old: Graph, inputs: list[str]) -> tuple[Graph, int]:
+    """A copy of the step ``old`` with ``len.mask`` among its args, reading each of ``inputs``
+    through ``where(len.mask, x, 0)``; returns it and its constant zero.
+
+    Padding (an input at t >= length) may hold NaN or Inf. A selection, not a product, keeps
+    it out of every result: 0 * NaN is NaN, in the step's values that the mask drops and in
+    the backward's partials and weight-gradient products (x^T dG) alike. The copy numbers its
+    nodes args, selections, then the step in its own order, so every later pass meets the
+    step's nodes in the order it would without lengths (fuse-gate-matmuls packs a parameter
+    two matmuls share into the first one's block: the masked program's parameter blocks must
+    be the unmasked one's, the layout of every call)."""
+    g = Graph(old.dtype)
+    new: dict[int, int] = {}
+    for nid in old.args().values():
+        node = old.node(nid)
+        new[nid] = g.arg(node.attrs["name"], node.shape, node.attrs["role"], node.origin)
+    mask = arg_of(g, MASK, ("B", 1), "seq", ORIGIN)
+    zero = g.add(ops.constant, (), {"value": 0.0}, origin=ORIGIN)
+    for name, nid in old.args().items():
+        if name in inputs:
+            new[nid] = g.add(ops.where, (mask, new[nid], zero), origin=ORIGIN)
+    for nid in old.topo():
+        node = old.node(nid)
+        if nid not in new:
+            new[nid] = g.add(node.op, [new[i] for i in node.inputs], dict(node.attrs),
+                             origin=node.origin, loc=node.loc)
+    g.outputs = {name: new[nid] for name, nid in old.outputs.items()}
+    return g, zero

@@ -20,6 +20,11 @@ the same 5,000 cells on NumPy, with lengths every other cell (50 chunks of 100, 
 each); on LLVM (with and without parallel-scan) every tenth of them (1 to 2 minutes per chunk:
 each cell compiles six programs) and on the CUDA emulation every fifth, six cells to a program
 (about 1.5 minutes per chunk).
+
+The padding target (tests/fuzz/padding.py) fills the inputs past the lengths with NaN or Inf
+and compares with the oracle on zero padding: by default 6 cells on NumPy and a small one on
+LLVM; ``pytest -m slow`` runs seeds 300-1299 on NumPy, LLVM and the CUDA emulation (10 chunks
+of 100 per target; the emulation compiles 5 cells as one bundle).
 """
 
 from __future__ import annotations
@@ -29,11 +34,14 @@ import pytest
 import rnnc
 from tests.fuzz.campaign import fuzz
 from tests.fuzz.differential import COMBOS, TARGETS, Stats, case
+from tests.fuzz.padding import fuzz_padding
 from tests.fuzz.second_order import fuzz_second_order
 from tests.fuzz.spec import build
 
 SLOW_SEEDS = range(300, 5300)
 SLOW_CHUNKS = 50
+PADDING_SLOW_SEEDS = range(300, 1300)
+PADDING_SLOW_CHUNKS = 10
 
 
 def _numpy_combos(seed: int) -> tuple[tuple[str, bool], ...]:
@@ -158,3 +166,35 @@ def test_slow_second_order_matches_central_differences(target: str, chunk: int) 
         _run_second_order(seeds[::10], target)
     else:  # the CUDA emulation, or a GPU where there is one
         _run_second_order(seeds[::5], target, bundle_size=6)
+
+
+def _run_padding(seeds, target_name: str, bundle_size: int = 1) -> None:
+    target = TARGETS[target_name]
+    why = target.available()
+    if why is not None:
+        pytest.skip(why)
+    reports, stats = fuzz_padding(seeds, target, bundle_size)
+    print(f"{target_name} with NaN/Inf padding: {stats.cells} cells, {stats.comparisons} "
+          f"arrays compared, worst error float32 {stats.worst['float32']:.2g} float64 "
+          f"{stats.worst['float64']:.2g}")
+    if reports:
+        pytest.fail("\n".join(reports), pytrace=False)
+    assert stats.cells == len(seeds)
+    assert stats.comparisons >= 3 * stats.runs
+
+
+def test_numpy_ignores_nan_padding() -> None:
+    _run_padding(range(6), "numpy")
+
+
+def test_llvm_ignores_nan_padding() -> None:
+    _run_padding(range(1, 2), "llvm")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["numpy", "llvm", "cuda-emulate", "cuda"])
+@pytest.mark.parametrize("chunk", range(PADDING_SLOW_CHUNKS))
+def test_slow_padding_matches_zero_padding(target: str, chunk: int) -> None:
+    size = len(PADDING_SLOW_SEEDS) // PADDING_SLOW_CHUNKS
+    seeds = PADDING_SLOW_SEEDS[chunk * size:(chunk + 1) * size]
+    _run_padding(seeds, target, bundle_size=5 if target.startswith("cuda") else 1)
