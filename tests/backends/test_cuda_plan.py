@@ -229,3 +229,25 @@ def test_a_plan_takes_the_same_host_memory_at_any_length(name: str, reverse: boo
     assert short > 0 and abs(long - short) <= 0.1 * short, (short, long)
     assert long_plan.per_step(0) == short_plan.per_step(0) != {}
     assert long_plan.count("body")["gemm"] == 10**5 * short_plan.per_step(1)["gemm"]
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+def test_the_first_and_last_steps_of_short_loops_match_the_oracle(reverse: bool) -> None:
+    """At T = 0, 1, 2, 3 the first step reads the initial state and the last one writes its
+    own buffers (no next slot): results, final states and gradients match the oracle's."""
+    cell = rnnc.cells.lstm(*SIZES)
+    fn = rnnc.compile(cell, backend="cuda", emulate=True, reverse=reverse, fused_step="never")
+    oracle = rnnc.compile(cell, optimize=False, reverse=reverse)
+    for T in (0, 1, 2, 3):
+        x, p = _inputs(cell, T=T, seed=T)
+        got, got_finals, tape = fn.forward(x, p)
+        want, want_finals, want_tape = oracle.forward(x, p)
+        d = {"y": np.random.default_rng(T).standard_normal(got["y"].shape).astype(np.float32)}
+        grads, want_grads = fn.backward(tape, d_outputs=d), oracle.backward(want_tape,
+                                                                           d_outputs=d)
+        np.testing.assert_allclose(got["y"], want["y"], rtol=1e-5, atol=1e-6)
+        for key in want_finals:
+            np.testing.assert_allclose(got_finals[key], want_finals[key], rtol=1e-5, atol=1e-6)
+        for key in want_grads.params:
+            np.testing.assert_allclose(grads.params[key], want_grads.params[key], rtol=1e-4,
+                                       atol=1e-5, err_msg=f"T={T} {key}")
