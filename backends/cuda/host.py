@@ -31,7 +31,16 @@ from rnnc import ops
 from rnnc.backends.cuda.codegen import BLOCK, Gemm, Module, Work
 from rnnc.backends.cuda.fused_step import FusedStep
 from rnnc.backends.cuda.persistent import PersistentLaunch, record_persistent
-from rnnc.backends.cuda.plan import Entry, Plan
+from rnnc.backends.cuda.plan import (
+    Alternate,
+    Entry,
+    Loop,
+    Plan,
+    Previous,
+    Slot,
+    Until,
+    at_step,
+)
 from rnnc.backends.cuda.scan import chunked_geometry
 from rnnc.backends.schedule import GraphSchedule, ProgramSchedule, resolve
 from rnnc.ir import ARG, GET, Shape
@@ -146,10 +155,11 @@ class Host:
         plan.results = {name: env[name] for name in schedule.results}
         return plan
 
-    def run_graph(self, plan: Plan, at: Entry, graph: GraphSchedule, env: Mapping[str, Any],
-                  dims: Mapping[str, int], destination: Destination) -> dict[str, Any]:
-        """Record one graph (``at``: where and at which step); ``destination((node, index),
-        shape)`` gives result arrays."""
+    def run_graph(self, plan: Plan | Loop, at: Entry, graph: GraphSchedule,
+                  env: Mapping[str, Any], dims: Mapping[str, int], destination: Destination
+                  ) -> dict[str, Any]:
+        """Record one graph (``at``: where; the loop body into the plan's loop, once);
+        ``destination((node, index), shape)`` gives result arrays."""
         vals: dict[int, Any] = {}
         work = self.work[at.where]
         absorbed = self.absorbed if at.where == "body" else frozenset()
@@ -167,8 +177,9 @@ class Host:
                                                    size_args)
         return {name: vals[output.slot] for name, output in graph.outputs.items()}
 
-    def record_step(self, plan: Plan, at: Entry, step: Work, vals: Mapping[int, Any],
-                    destination: Destination, size_args: tuple[np.int64, np.int64]) -> Any:
+    def record_step(self, plan: Plan | Loop, at: Entry, step: Work,
+                    vals: Mapping[int, Any], destination: Destination,
+                    size_args: tuple[np.int64, np.int64]) -> Any:
         """Record one kernel or GEMM; its result, or the tuple of a fused kernel's results."""
         if isinstance(step, FusedStep):
             return self.record_fused(plan, at, step, vals, destination, size_args)
@@ -192,9 +203,9 @@ class Host:
                         args)
         return tuple(outs) if step.fused else outs[0]
 
-    def record_fused(self, plan: Plan, at: Entry, step: FusedStep, vals: Mapping[int, Any],
-                     destination: Destination, size_args: tuple[np.int64, np.int64]
-                     ) -> tuple[Any, ...]:
+    def record_fused(self, plan: Plan | Loop, at: Entry, step: FusedStep,
+                     vals: Mapping[int, Any], destination: Destination,
+                     size_args: tuple[np.int64, np.int64]) -> tuple[Any, ...]:
         """Record a fused step: one block per tile of rows and units; its results."""
         outs = tuple(destination((step.node, k), shape) for k, shape in enumerate(step.shapes))
         batch = int(size_args[1])
@@ -205,8 +216,8 @@ class Host:
                         (step.tile.blocks(batch),), (step.tile.threads,), args)
         return outs
 
-    def record_gemm(self, plan: Plan, at: Entry, a: Any, b: Any, out: Any, transpose_a: bool,
-                    transpose_b: bool) -> None:
+    def record_gemm(self, plan: Plan | Loop, at: Entry, a: Any, b: Any, out: Any,
+                    transpose_a: bool, transpose_b: bool) -> None:
         """``out = a @ b`` on 2-D views; transpose_a contracts every leading axis of a and b."""
         a2 = a.reshape(-1, a.shape[-1])
         if transpose_a:
@@ -227,6 +238,51 @@ class Host:
             plan.record(Entry("pre", "fill"), out[name].fill, 0)
         return out
 
+    def record_loop(self, loop: Loop, env: Mapping[str, Any], dims: Mapping[str, int],
+                    buffers: Buffers, out: Mapping[str, Any]) -> dict[str, Any]:
+        """Record one step of the time loop into ``loop``, every array that changes from step
+        to step a :class:`~.plan.PerStep` of the step index; the final carries."""
+        xp, scan, scan_plan = self.xp, self.schedule.scan, self.scan_plan
+        T = loop.steps
+        pairs = {key: buffers.pair(shape, dims) for key, shape in scan_plan.pairs.items()}
+        copied = {name: buffers.pair(shape, dims) for name, shape in scan_plan.copied.items()}
+        shifted, behind = scan_plan.shifted, scan_plan.behind
+        later = set(shifted.values()) | set(behind)
+
+        def slot(stack: Any, ahead: int = 0) -> Slot:
+            return Slot(stack, T, scan.reverse, ahead)
+
+        def destination(key: Key, shape: Shape) -> Any:
+            if key in scan_plan.into_stack:
+                return slot(out[scan_plan.into_stack[key]])
+            if key in shifted:  # the next step's slot, but the last step's own pair
+                return Until(T - 1, slot(out[shifted[key]], 1), Alternate(pairs[key]))
+            return Alternate(pairs[key])
+
+        # A step reads the carries the previous step made (set once that step is recorded).
+        previous = {c.name: Previous(env[c.init]) for c in scan.carries}
+        local = {name: env[name] for name in scan.consts}
+        local.update({name: slot(env[name]) for name in scan.seqs})
+        local.update(previous)
+        at = Entry("body", "")
+        results = self.run_graph(loop, at, self.schedule.body, local, dims, destination)
+        for name in scan_plan.copy_stacked:
+            # Where the previous step wrote it already, or the copy after the loop does,
+            # only the first step copies.
+            steps = range(1) if name in later else range(T)
+            loop.record_at(steps, replace(at, kind="copy"), xp.copyto, slot(out[name]),
+                           results[name])
+        for name in scan.summed:
+            loop.record(replace(at, kind="add"), xp.add, out[name], results[name],
+                        out=out[name])
+        for c in scan.carries:
+            made = results[c.name]
+            if c.name in copied:
+                made = Alternate(copied[c.name])
+                loop.record(replace(at, kind="copy"), xp.copyto, made, results[c.name])
+            previous[c.name].source = made
+        return {name: at_step(carry.source, T - 1) for name, carry in previous.items()}
+
     def run_scan(self, plan: Plan, env: Mapping[str, Any], dims: Mapping[str, int],
                  buffers: Buffers) -> dict[str, Any]:
         """Record the time loop; stacked and summed outputs and final carries by name."""
@@ -239,41 +295,11 @@ class Host:
                 launch.kernel, launch.function, launch.resident, plan, self.schedule, env, dims,
                 buffers.empty, out, self.constants):
             return out
-        pairs = {key: buffers.pair(shape, dims) for key, shape in scan_plan.pairs.items()}
-        copied = {name: buffers.pair(shape, dims) for name, shape in scan_plan.copied.items()}
-        local = {name: env[name] for name in scan.consts}
-        carry = {c.name: env[c.init] for c in scan.carries}
         T = dims["T"]
-        shifted, behind = scan_plan.shifted, scan_plan.behind
-        later = set(shifted.values()) | set(behind)
-        for step, t in enumerate(range(T - 1, -1, -1) if scan.reverse else range(T)):
-            local.update({name: env[name][t] for name in scan.seqs})
-            local.update(carry)
-            at = Entry("body", "", step)
-
-            def destination(key: Key, shape: Shape, t: int = t, step: int = step) -> Any:
-                if key in scan_plan.into_stack:
-                    return out[scan_plan.into_stack[key]][t]
-                if key in shifted and step < T - 1:
-                    return out[shifted[key]][t - 1 if scan.reverse else t + 1]
-                return pairs[key][step % 2]
-
-            results = self.run_graph(plan, at, self.schedule.body, local, dims, destination)
-            for name in scan_plan.copy_stacked:
-                if step and name in later:
-                    continue  # the previous step wrote it there, or the copy after the loop
-                plan.record(replace(at, kind="copy"), xp.copyto, out[name][t], results[name])
-            for name in scan.summed:
-                plan.record(replace(at, kind="add"), xp.add, out[name], results[name],
-                            out=out[name])
-            for c in scan.carries:
-                if c.name in copied:
-                    plan.record(replace(at, kind="copy"), xp.copyto, copied[c.name][step % 2],
-                                results[c.name])
-                    carry[c.name] = copied[c.name][step % 2]
-                else:
-                    carry[c.name] = results[c.name]
-        for name, value in behind.items():
+        carry: dict[str, Any] = {c.name: env[c.init] for c in scan.carries}
+        if T:
+            carry = self.record_loop(plan.record_loop(T), env, dims, buffers, out)
+        for name, value in scan_plan.behind.items():
             if T > 1:
                 dst, src = (out[name][:-1], out[value][1:]) if scan.reverse else \
                     (out[name][1:], out[value][:-1])

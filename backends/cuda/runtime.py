@@ -19,7 +19,9 @@ turns.
 ``graph=True`` (the default; GPU only in effect): after a shape's first call (which also
 compiles CuPy's own kernels and creates the cuBLAS handle, which cannot happen inside a capture)
 the plan is captured once with ``Stream.begin_capture``/``end_capture`` and later calls replay
-it with one ``graph.launch``. If the capture fails (a CuPy or driver that cannot capture
+it with one ``graph.launch``. The plan records one step of the loop (:class:`~.plan.Loop`),
+but the graph holds the launches of every step, as the loop makes them while it is captured.
+If the capture fails (a CuPy or driver that cannot capture
 cuBLAS), that shape runs its plan call by call instead. In emulation the plan runs call by call,
 which is what a replay does. ``graph=False`` launches every call of the plan from Python on
 every call.

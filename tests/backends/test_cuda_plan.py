@@ -12,6 +12,7 @@ from __future__ import annotations
 import cProfile
 import pstats
 import threading
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -189,3 +190,64 @@ def test_training_steps_copy_nothing_after_the_first(name: str, reverse: bool,
     plan = _plan(fn, "forward", with_lengths)
     for step in range(1, T):
         assert "copy" not in plan.per_step(step), (step, plan.per_step(step))
+
+
+def _plan_bytes(runner, steps: int) -> tuple[int, plan_module.Plan]:
+    """The host bytes (array data left out) that building ``runner``'s plan for ``steps``
+    steps allocates and keeps, and the plan; the runner has a plan of two steps already."""
+    ((_, batch, *inputs),) = runner.plans.plans  # the shape key of that plan (T = 2)
+    arrays = {name: np.zeros((steps,) + shape[1:] if shape[:1] == (2,) else shape, dtype)
+              for name, shape, dtype in inputs}
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        plan = runner.host.plan(arrays, {"T": steps, "B": batch})
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    # NumPy traces array data in its own domain: the (T, ...) buffers may grow with T.
+    objects = [tracemalloc.DomainFilter(False, np.lib.tracemalloc_domain)]
+    grown = after.filter_traces(objects).compare_to(before.filter_traces(objects), "filename")
+    return sum(stat.size_diff for stat in grown), plan
+
+
+@pytest.mark.parametrize("mode", ["inference", "forward", "backward"])
+@pytest.mark.parametrize("name, reverse", [("lstm", False), ("gru", True)])
+def test_a_plan_takes_the_same_host_memory_at_any_length(name: str, reverse: bool,
+                                                         mode: str) -> None:
+    """One step's calls are recorded once (the step's arrays picked by the step index), so a
+    plan of 10**5 steps holds no more host objects than one of 10**3: within 10%."""
+    cell = getattr(rnnc.cells, name)(*SIZES)
+    fn = rnnc.compile(cell, backend="cuda", emulate=True, reverse=reverse, fused_step="never")
+    x, p = _inputs(cell, T=2, B=5)
+    fn(x, p)
+    got, _, tape = fn.forward(x, p)
+    fn.backward(tape, d_outputs={"y": np.ones_like(got["y"])})
+    runner = _runner(fn, mode)
+    short, short_plan = _plan_bytes(runner, 10**3)
+    long, long_plan = _plan_bytes(runner, 10**5)
+    assert short > 0 and abs(long - short) <= 0.1 * short, (short, long)
+    assert long_plan.per_step(0) == short_plan.per_step(0) != {}
+    assert long_plan.count("body")["gemm"] == 10**5 * short_plan.per_step(1)["gemm"]
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+def test_the_first_and_last_steps_of_short_loops_match_the_oracle(reverse: bool) -> None:
+    """At T = 0, 1, 2, 3 the first step reads the initial state and the last one writes its
+    own buffers (no next slot): results, final states and gradients match the oracle's."""
+    cell = rnnc.cells.lstm(*SIZES)
+    fn = rnnc.compile(cell, backend="cuda", emulate=True, reverse=reverse, fused_step="never")
+    oracle = rnnc.compile(cell, optimize=False, reverse=reverse)
+    for T in (0, 1, 2, 3):
+        x, p = _inputs(cell, T=T, seed=T)
+        got, got_finals, tape = fn.forward(x, p)
+        want, want_finals, want_tape = oracle.forward(x, p)
+        d = {"y": np.random.default_rng(T).standard_normal(got["y"].shape).astype(np.float32)}
+        grads, want_grads = fn.backward(tape, d_outputs=d), oracle.backward(want_tape,
+                                                                           d_outputs=d)
+        np.testing.assert_allclose(got["y"], want["y"], rtol=1e-5, atol=1e-6)
+        for key in want_finals:
+            np.testing.assert_allclose(got_finals[key], want_finals[key], rtol=1e-5, atol=1e-6)
+        for key in want_grads.params:
+            np.testing.assert_allclose(grads.params[key], want_grads.params[key], rtol=1e-4,
+                                       atol=1e-5, err_msg=f"T={T} {key}")

@@ -29,8 +29,8 @@ SIZES = [(1, 3), (7, 3), (scan.CHUNKS + 1, 3), (3 * scan.CHUNKS - 5, 9)]
 
 def launched(runner) -> set[str]:
     """The names of the kernels the runner's plans launch."""
-    return {call.func.name for plan in runner.plans.plans.values() for call in plan.calls
-            if hasattr(call.func, "name")}
+    return {func.name for plan in runner.plans.plans.values() for func in plan.functions()
+            if hasattr(func, "name")}
 
 
 def scan_names(runner) -> set[str]:
@@ -78,7 +78,8 @@ def test_the_host_chooses_by_steps_and_columns() -> None:
     for steps in (scan.CHUNKED_MIN_STEPS - 1, scan.CHUNKED_MIN_STEPS):
         runner(environment("sequences", np.float64, steps, 2), {"T": steps, "B": 2})
     plans = list(runner.plans.plans.values())
-    few, many = ({call.func.name for call in plan.calls} for plan in plans)
+    few, many = ({func.name for func in plan.functions() if hasattr(func, "name")}
+                 for plan in plans)
     assert few & scan_names(runner) and not few & chunked_names(runner)
     assert many & scan_names(runner) == chunked_names(runner)
     assert scan.chunked_geometry(scan.CHUNKED_MIN_STEPS, 70) == (
