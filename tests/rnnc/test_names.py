@@ -67,9 +67,12 @@ def test_saved_indices_and_fresh_names() -> None:
     assert names.is_saved("save.4") and not names.is_saved("d.save.4")
     assert not names.is_saved("save.x")
     pool = {"hoist.0", "hoist.2"}
-    assert names.fresh(pool, names.hoisted) == "hoist.1"
-    assert names.fresh(pool, names.hoisted) == "hoist.3"
+    given = names.fresh(pool, names.hoisted)  # one stream of names: each taken as it is given
+    assert next(given) == "hoist.1"
+    assert next(given) == "hoist.3"
     assert pool == {"hoist.0", "hoist.1", "hoist.2", "hoist.3"}
+    pool.add("hoist.4")  # taken meanwhile by someone else: skipped
+    assert next(given) == "hoist.5"
 
 
 def _by_hand(text: str) -> bool:
