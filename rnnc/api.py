@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 
 from rnnc import backends, passes, philox, process, second_order, validate
-from rnnc.device_twin import DeviceTwin, routes_data, routes_tapes
 from rnnc.device import Device, device_of, device_params, is_device
+from rnnc.device_twin import DeviceTwin, routes_data, routes_tapes
 from rnnc.dsl import Cell
 from rnnc.dsl_random import draws_masks
 from rnnc.errors import RnncPicklingError, RnncTypeError, RnncValueError

@@ -68,14 +68,15 @@ class RNN:
     the cell's output (the one named ``"y"`` when there are several), of any width ``K``:
     ``y`` is ``(T, B, D*K)`` and the layers above read ``D*K`` features; states may have any
     sizes. ``proj_size`` (mode ``"lstm"``) is the cell ``rnnc.cells.lstm(..., proj_size)``,
-    whose output has ``proj_size`` features. ``backend`` is
-    ``"numpy"``, ``"llvm"``, ``"cuda"`` or ``None`` (the default) for the fastest backend for
-    the data, as in ``rnnc.compile``: llvm where it works here (else numpy) for host arrays,
-    cuda for a call on device arrays (``layer.backend`` names the host one).
-    ``backend_options`` go to ``rnnc.compile`` (e.g. ``emulate=True``). ``seed`` makes the parameter initialization and the dropout masks
-    reproducible. A cell that draws its own masks (``rnnc.bernoulli``: zoneout, variational
-    dropout) gets each call's ``seed=``, or one drawn from the layer's random stream, and every
-    layer and direction draws its own masks from a seed derived from it.
+    whose output has ``proj_size`` features. ``backend`` is ``"numpy"``, ``"llvm"``,
+    ``"cuda"`` or ``None`` (the default) for the fastest backend for the data, as in
+    ``rnnc.compile``: llvm where it works here (else numpy) for host arrays, cuda for a call
+    on device arrays (``layer.backend`` names the host one). ``backend_options`` go to
+    ``rnnc.compile`` (e.g. ``emulate=True``). ``seed`` makes the parameter initialization
+    and the dropout masks reproducible. A cell that draws its own masks (``rnnc.bernoulli``:
+    zoneout, variational dropout) gets each call's ``seed=``, or one drawn from the layer's
+    random stream, and every layer and direction draws its own masks from a seed derived
+    from it.
 
     States are a dict by state name, each ``(num_layers * D, B, size)`` with ``D = 2`` when
     bidirectional and row ``layer * D + direction``. For the standard cells this is
@@ -85,10 +86,11 @@ class RNN:
     Parameters are ``layer.params[layer][direction]``, a dict of arrays with rnnc's names
     (``W_ii, ..., b_ho`` for LSTM; see ``rnnc.interop.weights``).
 
-    With ``backend="cuda"`` or the default, a call whose ``x`` is a device array (CuPy, a CUDA tensor, ...)
-    is a device call (``docs/device-calls.md``): outputs, states, the tape and gradients stay
-    on the device. ``layer.transfers`` holds the bytes the glue between the cells copied each
-    way in the last call (each cell call's own copies are its runner's ``transfers``).
+    With ``backend="cuda"`` or the default, a call whose ``x`` is a device array (CuPy, a
+    CUDA tensor, ...) is a device call (``docs/device-calls.md``): outputs, states, the tape
+    and gradients stay on the device. ``layer.transfers`` holds the bytes the glue between
+    the cells copied each way in the last call (each cell call's own copies are its
+    runner's ``transfers``).
     """
 
     def __init__(self, mode: str | CellFactory, input_size: int, hidden_size: int,
