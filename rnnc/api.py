@@ -11,6 +11,7 @@ import numpy as np
 
 from rnnc import backends, passes, philox, process, second_order, validate
 from rnnc.device import Device, device_of, device_params, is_device
+from rnnc.device_twin import DeviceTwin, routes_data, routes_tapes
 from rnnc.dsl import Cell
 from rnnc.dsl_random import draws_masks
 from rnnc.errors import RnncPicklingError, RnncTypeError, RnncValueError
@@ -19,7 +20,7 @@ from rnnc.ir import Program, retype
 from rnnc.layout import Layout
 from rnnc.names import MASK, final_state, gradient
 from rnnc.passes.autodiff import check_save_plans, save_plans
-from rnnc.printer import format_program
+from rnnc.printer import format_program, op_counts
 from rnnc.settings import SECOND_ORDER_CHECK, check_option, fastest_backend, resolve_backend
 
 
@@ -27,7 +28,7 @@ class Function:
     """A cell compiled for one backend: inference, training forward and backward.
 
     ``reverse=True`` runs the cell over t = T-1, ..., 0 (see :func:`compile`); ``backend=None``
-    is the default backend (see :func:`compile`)."""
+    is the default backend, which runs device data on a CUDA twin (see :func:`compile`)."""
 
     def __init__(self, cell: Cell, backend: str | None = None, *, optimize: bool = True,
                  check: bool | str | None = None, reverse: bool = False,
@@ -38,6 +39,8 @@ class Function:
                             ("parallel_scan", True if parallel_scan is None else parallel_scan)):
             if not isinstance(value, bool):
                 raise RnncTypeError(f"{flag} must be True or False, got {value!r}")
+        self._device_twin = DeviceTwin.of(backend, optimize, cell, reverse, parallel_scan, check)
+        self._spec = (backend, dict(options))  # what a pickled function is rebuilt from
         backend = resolve_backend(backend, optimize)
         cell.check()
         self.cell = cell
@@ -45,7 +48,6 @@ class Function:
         self.reverse = reverse
         validate.backend_options(backend, options)
         self.backend = backends.get(backend, **options)
-        self._spec = (backend, dict(options))  # what a pickled function is rebuilt from
         # parallel-scan where the backend's linear_scan beats its loop, unless told otherwise
         self.parallel_scan = (getattr(self.backend, "parallel_scan", True)
                               if parallel_scan is None else parallel_scan)
@@ -131,15 +133,7 @@ class Function:
 
     def op_counts(self, mode: str = "inference") -> dict[str, dict[str, int]]:
         """Node counts inside the loop body and outside it, by op name."""
-        p = self.program(mode)
-        counts: dict[str, dict[str, int]] = {"loop": {}, "outside": {}}
-        for where, graphs in (("loop", (p.scan.body,)), ("outside", (p.pre, p.post))):
-            for g in graphs:
-                for node in g.nodes():
-                    if node.op.name in ("arg", "get", "constant"):
-                        continue
-                    counts[where][node.op.name] = counts[where].get(node.op.name, 0) + 1
-        return counts
+        return op_counts(self.program(mode))
 
     def launch_report(self) -> list[dict[str, Any]]:
         """One row per program run so far and shape: how the CUDA backend launches it (path, how
@@ -247,6 +241,7 @@ class Function:
             return runner.on_device(env, {"T": T, "B": B})
         return runner(env, {"T": T, "B": B})
 
+    @routes_data
     def __call__(self, x: Any, params: Any, states: Any = None, lengths: Any = None,
                  seed: Any = None):
         """Inference over a whole sequence: ``(outputs, final_states)``. ``seed`` (an int in
@@ -257,6 +252,7 @@ class Function:
         run = self._runner("inference", dtype, lens is not None)
         return self._split(self._run(run, env, T, B, device))
 
+    @routes_data
     def forward(self, x: Any, params: Any, states: Any = None, lengths: Any = None,
                 seed: Any = None):
         """Training forward: ``(outputs, final_states, tape)``; the tape keeps ``seed``, so
@@ -274,6 +270,7 @@ class Function:
         env.update(saved)
         return ys, st, Tape(self, dtype, T, B, env, lens, seed, device)
 
+    @routes_tapes
     def backward(self, tape: Tape, d_outputs: Mapping[str, Any] | None = None,
                  d_states: Mapping[str, Any] | None = None) -> Grads:
         """Gradients of a scalar loss given its gradients w.r.t. outputs and final states."""
@@ -326,6 +323,7 @@ class Function:
         return self._grads(tape, (), {gradient(s): v.copy() for s, v in d_st.items()})
 
     # -- second order
+    @routes_tapes
     def double_backward(self, tape: Tape, d_outputs: Mapping[str, Any] | None,
                         d_states: Mapping[str, Any] | None, g_x: Mapping[str, Any] | None,
                         g_params: Mapping[str, Any] | None, g_states: Mapping[str, Any] | None
@@ -341,10 +339,9 @@ def compile(cell: Cell, backend: str | None = None, *, optimize: bool = True,  #
             parallel_scan: bool | None = None, **options: Any) -> Function:
     """Compile ``cell`` for ``backend`` ("numpy", "llvm" or "cuda"; None: the default).
 
-    The default is the fastest backend for host data: "llvm" (native code for this CPU), or
-    "numpy" where LLVM cannot run here. It runs on the host: for device arrays (CuPy, CUDA
-    tensors) compile with ``backend="cuda"``. "numpy" is the step-by-step interpreter, for
-    debugging; with ``optimize=False`` the default is "numpy", the oracle.
+    The default is the fastest backend for the data: host arrays run on "llvm" (else "numpy"
+    where LLVM cannot run here), a call on device arrays (CuPy, CUDA tensors) on the cell
+    compiled for "cuda", built on first use (docs/backends.md). "numpy" is for debugging.
 
     ``optimize=False`` (NumPy backend only) interprets the traced program with no optimization
     passes: the oracle that the compiler is tested against. ``check=True`` (or the environment

@@ -77,7 +77,7 @@ def device_of(backend: Any, x: Any) -> Device | None:
             f"but backend {backend.name!r} runs on the host: pass a NumPy array (x.get() for "
             f"CuPy, x.cpu().numpy() for torch), or pass backend='cuda' "
             f"(rnnc.compile(cell, backend='cuda'), rnnc.RNN(..., backend='cuda')) to run on "
-            f"the GPU: the default backend is the fastest one for host arrays")
+            f"the GPU")
     if not all(on_device):
         raise RnncTypeError("the inputs mix device arrays and host arrays: put every input "
                             "sequence on the same side")

@@ -1,4 +1,5 @@
-"""Print programs as text: one equation per line, types on binders, the scan body indented."""
+"""Print programs as text: one equation per line, types on binders, the scan body indented;
+count their ops."""
 
 from __future__ import annotations
 
@@ -94,3 +95,15 @@ def format_program(p: Program, title: str = "") -> str:
     out.append(f"{INDENT}results: {', '.join(p.results)}")
     out.append("}")
     return "\n".join(out)
+
+
+def op_counts(p: Program) -> dict[str, dict[str, int]]:
+    """Node counts of ``p`` inside the loop body and outside it, by op name."""
+    counts: dict[str, dict[str, int]] = {"loop": {}, "outside": {}}
+    for where, graphs in (("loop", (p.scan.body,)), ("outside", (p.pre, p.post))):
+        for g in graphs:
+            for node in g.nodes():
+                if node.op.name in ("arg", "get", "constant"):
+                    continue
+                counts[where][node.op.name] = counts[where].get(node.op.name, 0) + 1
+    return counts

@@ -52,9 +52,21 @@ def fastest_backend() -> str:
     return _FASTEST
 
 
+# The options of the CUDA twin that runs device data given to a default-backend function
+# (rnnc.device_twin): {} is a GPU through CuPy; {"emulate": True} runs the twin in the CPU
+# emulation of the CUDA backend (how the tests run device calls without a GPU).
+DEVICE_BACKEND_OPTIONS: dict[str, Any] = {}
+
+
+def device_backend_options() -> dict[str, Any]:
+    """The options ``backend="cuda"`` gets where the default backend runs device data."""
+    return dict(DEVICE_BACKEND_OPTIONS)
+
+
 def resolve_backend(backend: str | None, optimize: bool) -> str:
     """The backend a compile runs on: ``backend``, or the default (the NumPy oracle where
-    ``optimize=False``, which runs on NumPy only)."""
+    ``optimize=False``, which runs on NumPy only). The default runs host data; device data
+    goes to a CUDA twin of the function (:mod:`rnnc.device_twin`)."""
     if backend is None:  # the oracle is the NumPy interpreter; anything else runs fastest
         backend = fastest_backend() if optimize else "numpy"
     if not optimize and backend != "numpy":

@@ -17,6 +17,7 @@ import numpy as np
 
 from rnnc import backends, validate
 from rnnc.device import Device, is_device
+from rnnc.device_twin import twin_for_data
 from rnnc.dsl import Cell
 from rnnc.errors import CellError, RnncPicklingError, RnncTypeError, RnncValueError
 from rnnc.layers.arrays import Arrays
@@ -204,7 +205,11 @@ def call_device(layer: RNN, x: Any, extra: Any) -> Device | None:
     """The device of a call whose input sequences are ``x`` and ``extra``: the backend's when
     they are device arrays, None for a host call (a host backend's own checks refuse device
     arrays, naming the conversion). Refuses input sequences on both sides."""
-    device = getattr(layer.function(0).backend, "device", None)
+    fn = layer.function(0)
+    device = getattr(fn.backend, "device", None)
+    if device is None and is_device(x):  # the default backend runs device data on CUDA twins
+        twin = twin_for_data(fn, x)  # (raises the host error, with why, where CUDA cannot run)
+        device = None if twin is None else twin.backend.device
     if device is None or not is_device(x):
         if device is not None and isinstance(extra, Mapping):
             on_device = [n for n, v in extra.items() if is_device(v)]

@@ -32,10 +32,11 @@ _CACHE: OrderedDict[tuple, Function] = OrderedDict()
 _CACHE_LOCK = process.Lock()
 
 
-def _compiled(mode: str | CellFactory, cell: Cell, in_size: int, hidden: int, backend: str,
-              options: Mapping[str, Any], proj_size: int = 0, reverse: bool = False) -> Function:
-    """Compile ``cell`` (scanning backwards in time if ``reverse``); standard cells are shared
-    process-wide since their programs are fixed."""
+def _compiled(mode: str | CellFactory, cell: Cell, in_size: int, hidden: int,
+              backend: str | None, options: Mapping[str, Any], proj_size: int = 0,
+              reverse: bool = False) -> Function:
+    """Compile ``cell`` (scanning backwards in time if ``reverse``; ``backend=None`` is the
+    default); standard cells are shared process-wide since their programs are fixed."""
     if not isinstance(mode, str):
         return compile_cell(cell, backend=backend, reverse=reverse, **options)
     try:
@@ -67,14 +68,15 @@ class RNN:
     the cell's output (the one named ``"y"`` when there are several), of any width ``K``:
     ``y`` is ``(T, B, D*K)`` and the layers above read ``D*K`` features; states may have any
     sizes. ``proj_size`` (mode ``"lstm"``) is the cell ``rnnc.cells.lstm(..., proj_size)``,
-    whose output has ``proj_size`` features. ``backend`` is
-    ``"numpy"``, ``"llvm"``, ``"cuda"`` or ``None`` (the default) for the fastest backend for
-    host data: llvm where it works here, else numpy, as in ``rnnc.compile``; device arrays
-    need ``backend="cuda"``. ``backend_options`` go to ``rnnc.compile`` (e.g.
-    ``emulate=True``). ``seed`` makes the parameter initialization and the dropout masks
-    reproducible. A cell that draws its own masks (``rnnc.bernoulli``: zoneout, variational
-    dropout) gets each call's ``seed=``, or one drawn from the layer's random stream, and every
-    layer and direction draws its own masks from a seed derived from it.
+    whose output has ``proj_size`` features. ``backend`` is ``"numpy"``, ``"llvm"``,
+    ``"cuda"`` or ``None`` (the default) for the fastest backend for the data, as in
+    ``rnnc.compile``: llvm where it works here (else numpy) for host arrays, cuda for a call
+    on device arrays (``layer.backend`` names the host one). ``backend_options`` go to
+    ``rnnc.compile`` (e.g. ``emulate=True``). ``seed`` makes the parameter initialization
+    and the dropout masks reproducible. A cell that draws its own masks (``rnnc.bernoulli``:
+    zoneout, variational dropout) gets each call's ``seed=``, or one drawn from the layer's
+    random stream, and every layer and direction draws its own masks from a seed derived
+    from it.
 
     States are a dict by state name, each ``(num_layers * D, B, size)`` with ``D = 2`` when
     bidirectional and row ``layer * D + direction``. For the standard cells this is
@@ -84,10 +86,11 @@ class RNN:
     Parameters are ``layer.params[layer][direction]``, a dict of arrays with rnnc's names
     (``W_ii, ..., b_ho`` for LSTM; see ``rnnc.interop.weights``).
 
-    With ``backend="cuda"``, a call whose ``x`` is a device array (CuPy, a CUDA tensor, ...)
-    is a device call (``docs/device-calls.md``): outputs, states, the tape and gradients stay
-    on the device. ``layer.transfers`` holds the bytes the glue between the cells copied each
-    way in the last call (each cell call's own copies are its runner's ``transfers``).
+    With ``backend="cuda"`` or the default, a call whose ``x`` is a device array (CuPy, a
+    CUDA tensor, ...) is a device call (``docs/device-calls.md``): outputs, states, the tape
+    and gradients stay on the device. ``layer.transfers`` holds the bytes the glue between
+    the cells copied each way in the last call (each cell call's own copies are its
+    runner's ``transfers``).
     """
 
     def __init__(self, mode: str | CellFactory, input_size: int, hidden_size: int,
@@ -108,6 +111,7 @@ class RNN:
         self.batch_first = bool(batch_first)
         self.dtype = checks.check_dtype(dtype)
         self.backend = checks.check_backend(fastest_backend() if backend is None else backend)
+        self.default_backend = backend is None  # its functions run device data on CUDA twins
         self.backend_options = dict(backend_options)
         self._rng = np.random.default_rng(seed)
         self.transfers = {"to_device": 0, "to_host": 0}
@@ -150,8 +154,9 @@ class RNN:
     def _function(self, in_size: int, reverse: bool = False) -> Function:
         """Compile on first use: after unpickling, functions are rebuilt here from the cell."""
         if (in_size, reverse) not in self._functions:
+            backend = None if getattr(self, "default_backend", False) else self.backend
             self._functions[in_size, reverse] = _compiled(
-                self.mode, self._cell(in_size), in_size, self.hidden_size, self.backend,
+                self.mode, self._cell(in_size), in_size, self.hidden_size, backend,
                 self.backend_options, self.proj_size, reverse)
         return self._functions[in_size, reverse]
 

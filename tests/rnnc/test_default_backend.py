@@ -1,9 +1,12 @@
 """The default backend: LLVM on a CPU (NumPy where LLVM cannot run), the same in
-``rnnc.compile``, ``rnnc.RNN`` and ``rnnc.torch.RNN``; NumPy stays the named oracle."""
+``rnnc.compile``, ``rnnc.RNN`` and ``rnnc.torch.RNN``; NumPy stays the named oracle. Device
+data runs on CUDA (tests/rnnc/test_default_backend_device.py); without CUDA it gets an error
+that says what to do."""
 
 from __future__ import annotations
 
 import inspect
+from collections import OrderedDict
 
 import numpy as np
 import pytest
@@ -11,6 +14,7 @@ import pytest
 import rnnc
 from rnnc import api, backends, settings
 from rnnc.errors import RnncTypeError
+from rnnc.layers import rnn as rnn_layer
 
 
 def test_compile_layer_and_torch_module_share_the_default() -> None:
@@ -54,9 +58,26 @@ class FakeDeviceArray:
                                 "data": (0, False)}
 
 
-def test_device_arrays_into_the_default_backend_say_to_pass_cuda() -> None:
+def test_without_cuda_device_arrays_into_the_default_backend_say_to_pass_cuda(
+        monkeypatch) -> None:
+    real = backends.get
+
+    def no_cuda(name, **options):
+        if name == "cuda":
+            raise rnnc.BackendUnavailable("backend 'cuda' needs CuPy and an NVIDIA GPU")
+        return real(name, **options)
+
+    monkeypatch.setattr(backends, "get", no_cuda)
+    monkeypatch.setattr(rnn_layer, "_CACHE", OrderedDict())  # no twin built by another test
     cell = rnnc.cells.rnn(2, 3)
-    with pytest.raises(RnncTypeError, match=r"FakeDeviceArray.*backend='cuda'"):
+    why = r"runs device arrays on backend 'cuda', which cannot run here: .*needs CuPy"
+    with pytest.raises(RnncTypeError, match=rf"FakeDeviceArray.*backend='cuda'.*{why}"):
         rnnc.compile(cell)(FakeDeviceArray(), cell.init_params(seed=0))
-    with pytest.raises(RnncTypeError, match=r"backend='cuda'"):
+    with pytest.raises(RnncTypeError, match=rf"backend='cuda'.*{why}"):
         rnnc.RNN("rnn_tanh", 2, 3)(FakeDeviceArray())
+
+
+def test_the_oracle_has_no_device_twin() -> None:
+    cell = rnnc.cells.rnn(2, 3)
+    with pytest.raises(RnncTypeError, match=r"backend 'numpy' runs on the host"):
+        rnnc.compile(cell, optimize=False)(FakeDeviceArray(), cell.init_params(seed=0))
