@@ -100,6 +100,6 @@ def test_readme_is_a_front_door() -> None:
     assert "**The default backend is LLVM**" in text
     assert "| `None` (default) | `\"llvm\"`" in _section("Backends")
     suite = _section("Quick start")
-    assert "about 8 minutes on two idle cores" in suite and "pytest -m slow" in suite
+    assert re.search(r"about \d+ minutes on two idle cores", suite) and "pytest -m slow" in suite
     for page in ("cells", "porting", "layers", "backends", "optimizing", "device-calls"):
         assert f"(docs/{page}.md)" in text, page
