@@ -10,14 +10,14 @@ from typing import Any
 import numpy as np
 
 from rnnc import backends, passes, philox, process, second_order, validate
-from rnnc.device import Device, device_of, device_params, is_device
+from rnnc.device import Device, device_of, is_device
 from rnnc.device_twin import DeviceTwin, routes_data, routes_tapes
 from rnnc.dsl import Cell
 from rnnc.dsl_random import draws_masks
 from rnnc.errors import RnncPicklingError, RnncTypeError, RnncValueError
 from rnnc.grads import NP, Grads, InputGrads, Tape, cotangent_env, cotangents
 from rnnc.ir import Program, retype
-from rnnc.layout import Layout
+from rnnc.layout import Layout, device_params
 from rnnc.names import MASK, final_state, gradient
 from rnnc.passes.autodiff import check_save_plans, save_plans
 from rnnc.printer import format_program, op_counts
@@ -62,7 +62,7 @@ class Function:
         self.outputs = tuple(cell.outputs)
         self.draws_masks = draws_masks(self._base.args)  # rnnc.bernoulli: calls need seed=
         self._identity = self._base.fingerprint()  # structure with exact constants, not text
-        prepared = passes.run_cached(self._identity, self._base, self._pipeline("prepare", False))
+        prepared = passes.run_cached(self._identity, self._base, self.pipeline("prepare", False))
         self.layout = Layout(
             [b for b in prepared.meta.get("layout", ())] or Layout.identity(self.params).blocks,
             self.params)
@@ -91,7 +91,8 @@ class Function:
                       reverse=state["reverse"], parallel_scan=state["parallel_scan"],
                       **state["options"])
 
-    def _pipeline(self, mode: str, lengths: bool) -> tuple[str, ...]:
+    def pipeline(self, mode: str, lengths: bool) -> tuple[str, ...]:
+        """The names of the passes that make ``mode``'s program, in order."""
         names = passes.pipeline(mode, lengths, self.optimize)
         return names if self.parallel_scan else tuple(n for n in names if n != "parallel-scan")
 
@@ -100,14 +101,15 @@ class Function:
                 callback: passes.Callback | None = None) -> Program:
         """The optimized program for ``mode`` ("inference", "forward", "backward")."""
         if callback is not None:
-            return passes.run(retype(self._base, dtype), self._pipeline(mode, lengths), callback)
+            return passes.run(retype(self._base, dtype), self.pipeline(mode, lengths), callback)
         key = (mode, dtype, lengths)
         if key not in self._programs:
             self._programs[key] = passes.run_cached(self._identity, retype(self._base, dtype),
-                                                    self._pipeline(mode, lengths))
+                                                    self.pipeline(mode, lengths))
         return self._programs[key]
 
-    def _runner(self, mode: str, dtype: str, masked: bool):
+    def runner(self, mode: str, dtype: str, masked: bool):
+        """The backend's callable for ``mode``'s program, built once and kept."""
         key = (mode, dtype, masked)
         with self._lock:
             if key in self._runners:
@@ -122,7 +124,7 @@ class Function:
         with self._lock:
             return self._runners.setdefault(key, runner)
 
-    def _saved(self, mode: str, dtype: str, masked: bool) -> tuple[str, ...]:
+    def saved_names(self, mode: str, dtype: str, masked: bool) -> tuple[str, ...]:
         """The names the last autodiff of ``mode`` saves (``mode`` stacks or reads them)."""
         plans = save_plans(self.program(mode, dtype, masked))
         return tuple(name for name, _ in plans[-1]) if plans else ()
@@ -249,7 +251,7 @@ class Function:
         env, dtype, T, B, lens, _, device = self._prepare(x, params, states, lengths, seed)
         if T == 0:
             return self._empty(env, dtype, B, device)
-        run = self._runner("inference", dtype, lens is not None)
+        run = self.runner("inference", dtype, lens is not None)
         return self._split(self._run(run, env, T, B, device))
 
     @routes_data
@@ -261,9 +263,9 @@ class Function:
         if T == 0:
             ys, st = self._empty(env, dtype, B, device)
             return ys, st, Tape(self, dtype, 0, B, env, lens, seed, device)
-        res = self._run(self._runner("forward", dtype, lens is not None), env, T, B, device)
+        res = self._run(self.runner("forward", dtype, lens is not None), env, T, B, device)
         ys, st = self._split(res)
-        saved = {n: res[n] for n in self._saved("forward", dtype, lens is not None)}
+        saved = {n: res[n] for n in self.saved_names("forward", dtype, lens is not None)}
         for arr in saved.values():  # backward may run many times: nothing may change them
             if isinstance(arr, np.ndarray):  # (CuPy arrays have no read-only flag)
                 arr.flags.writeable = False
@@ -279,24 +281,24 @@ class Function:
                                 f"{type(tape).__name__}")
         if tape.owner is not self:
             raise RnncValueError("this tape was recorded by another compiled function")
-        d_out, d_st = self._upstream(tape, d_outputs, d_states)
+        d_out, d_st = self.upstream(tape, d_outputs, d_states)
         if tape.T == 0:
-            return self._zero_grads(tape, d_st)
+            return self.zero_grads(tape, d_st)
         env = {**tape.env, **cotangent_env(d_out, d_st)}
-        res = self._run(self._runner("backward", tape.dtype, tape.lengths is not None), env,
+        res = self._run(self.runner("backward", tape.dtype, tape.lengths is not None), env,
                         tape.T, tape.B, tape.device)
-        return self._grads(tape, (res,), res)
+        return self.sum_grads(tape, (res,), res)
 
-    def _upstream(self, tape: Tape, d_outputs: Any, d_states: Any
-                  ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    def upstream(self, tape: Tape, d_outputs: Any, d_states: Any
+                 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """The cotangents of the outputs and of the final states (omitted ones zero)."""
         out_shapes = {n: ("T", "B", self._output_sizes[n]) for n in self.outputs}
         args = (tape.dtype, tape.T, tape.B, tape.device)
         return (cotangents("output gradient", out_shapes, d_outputs, *args),
                 cotangents("state gradient", self.states, d_states, *args))
 
-    def _grads(self, tape: Tape, results: tuple[Mapping[str, np.ndarray], ...],
-               states: Mapping[str, np.ndarray]) -> Grads:
+    def sum_grads(self, tape: Tape, results: tuple[Mapping[str, np.ndarray], ...],
+                  states: Mapping[str, np.ndarray]) -> Grads:
         """Grads summed over backward ``results``: a parameter or input the outputs do not
         depend on has no gradient in any of them, so it is zero; ``states`` holds those of the
         initial states."""
@@ -318,9 +320,9 @@ class Function:
         return Grads(x, self.layout.unpack(flat),
                      {s: states[gradient(s)] for s in self.states}, flat)
 
-    def _zero_grads(self, tape: Tape, d_st: dict[str, np.ndarray]) -> Grads:
+    def zero_grads(self, tape: Tape, d_st: dict[str, np.ndarray]) -> Grads:
         """The gradients of an empty sequence: zero, and the initial states' are ``d_st``."""
-        return self._grads(tape, (), {gradient(s): v.copy() for s, v in d_st.items()})
+        return self.sum_grads(tape, (), {gradient(s): v.copy() for s, v in d_st.items()})
 
     # -- second order
     @routes_tapes

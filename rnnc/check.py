@@ -132,7 +132,7 @@ def _prefix_function(fn: Any, table: Callable[[str, bool], tuple[str, ...]]) -> 
     from rnnc.api import Function
 
     class Prefix(Function):
-        def _pipeline(self, mode: str, lengths: bool) -> tuple[str, ...]:
+        def pipeline(self, mode: str, lengths: bool) -> tuple[str, ...]:
             return table(mode, lengths)
 
     return Prefix(fn.cell, "numpy", check=False, reverse=fn.reverse)
@@ -156,13 +156,13 @@ def _replays(fn: Any, mode: str, masked: bool) -> Iterator[tuple[str, str, Table
     """For each pipeline prefix to replay, in pipeline order: the pass it ends with (quoted,
     with its pipeline where several run), the mode to run and the pass lists by mode."""
     if mode in ("inference", "training"):
-        first = fn._pipeline("inference" if mode == "inference" else "forward", masked)
+        first = fn.pipeline("inference" if mode == "inference" else "forward", masked)
         for k in range(1, len(first) + 1):
             cut = first[:k]
             yield repr(cut[-1]), "inference", \
                 lambda m, _, cut=cut: cut if m == "inference" else _prepare_part(cut)
     if mode == "training":
-        backward = fn._pipeline("backward", masked)
+        backward = fn.pipeline("backward", masked)
         for j in range(backward.index("autodiff-backward") + 1, len(backward) + 1):
             table = {"forward": first, "backward": backward[:j], "prepare": passes.PREPARE}
             yield repr(backward[j - 1]), mode, lambda m, _, table=table: table.get(m, ())
@@ -183,7 +183,7 @@ def _second_order_replays(fn: Any, masked: bool) -> Iterator[tuple[str, str, Tab
     table = {"prepare": passes.PREPARE, **{m: lead + passes.PREPARE + passes.ORACLE[m]
                                            for m in SECOND_ORDER_MODES}}
     for mode in SECOND_ORDER_MODES:
-        names = fn._pipeline(mode, masked)
+        names = fn.pipeline(mode, masked)
         for k in range(len(table[mode]) + 1, len(names) + 1):
             table = {**table, mode: names[:k]}
             yield f"{names[k - 1]!r} (in the {mode} pipeline)", SECOND_ORDER, \

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from rnnc.device import is_device
+from rnnc.device import Device, is_device
 from rnnc.errors import RnncTypeError, RnncValueError
 
 
@@ -87,3 +88,29 @@ class Layout:
         if flat.ndim != 1 or flat.shape[0] != self.size:
             raise RnncValueError(f"flat parameter buffer must have shape ({self.size},), "
                                  f"got {flat.shape}")
+
+
+def device_params(layout: Layout, sizes: Mapping[str, tuple], params: Any, dtype: str,
+                  device: Device) -> dict[str, Any]:
+    """The program's parameter blocks on ``device``: views of a flat device buffer (no copy),
+    or named device arrays packed into a new flat buffer on the device."""
+    from rnnc import validate
+
+    want = np.float32 if dtype == "f32" else np.float64
+    if not isinstance(params, Mapping):
+        flat = device.adopt(params, "flat parameter buffer")
+        layout.check_flat(flat)
+        if validate.float_dtype(flat, "flat parameter buffer") != dtype:
+            raise RnncTypeError(f"flat parameter buffer is {flat.dtype}, the input is "
+                                f"{np.dtype(want)}: convert one of them with .astype")
+        return layout.block_views(flat)
+    host = [n for n, v in params.items() if v is not None and not device.holds(v)]
+    if host:
+        raise RnncTypeError(f"parameter {host[0]!r} is a host array but other parameters are "
+                            f"device arrays: put every parameter on the device (or pass one "
+                            f"flat device buffer, fn.pack on the host then uploaded)")
+    named = validate.named_arrays("parameter", sizes, params, dtype, None, True, device=device)
+    flat = device.zeros((layout.size,), want)
+    for name, view in layout.unpack(flat).items():
+        view[...] = named[name]
+    return layout.block_views(flat)

@@ -2,7 +2,7 @@
 DSL docstring and the operands its tests draw.
 
 An elementwise op reads element j of each operand (after broadcasting) to make element j of its
-result. Adding one means one ``Member`` here, one line in ``rnnc/backends/llvm/rules.py``
+result. Adding one means one ``Member`` here, one line in ``rnnc/backends/llvm/scalar.py``
 (``SCALAR``) and one in ``rnnc/backends/cuda/rules.py`` (``RULES``); ``rnnc.ops`` registers the
 op, ``rnnc.dsl`` makes it a function ``rnnc.<name>`` with the docstring below, and the tests
 (``tests/rnnc/test_elementwise_family.py``, ``tests/backends/test_elementwise_family_backends.py``)

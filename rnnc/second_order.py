@@ -7,17 +7,33 @@ the backward program and the forward's backward through the values the forward s
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from rnnc import validate
 from rnnc.errors import RnncValueError
 from rnnc.grads import NP, Grads, Tape, cotangent_env, cotangents, input_cotangents
+from rnnc.layout import Layout
 from rnnc.names import cotangent, final_state, gradient
 
-if TYPE_CHECKING:
-    from rnnc.api import Function
+
+class Function(Protocol):
+    """The public hooks of :class:`rnnc.api.Function` that second derivatives run through."""
+
+    inputs: Mapping[str, tuple]
+    states: Mapping[str, tuple]
+    params: Mapping[str, tuple]
+    no_grad: tuple[str, ...]
+    layout: Layout
+
+    def runner(self, mode: str, dtype: str, masked: bool) -> Any: ...
+    def saved_names(self, mode: str, dtype: str, masked: bool) -> tuple[str, ...]: ...
+    def upstream(self, tape: Tape, d_outputs: Any, d_states: Any
+                 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]: ...
+    def sum_grads(self, tape: Tape, results: tuple[Mapping[str, np.ndarray], ...],
+                  states: Mapping[str, np.ndarray]) -> Grads: ...
+    def zero_grads(self, tape: Tape, d_st: dict[str, np.ndarray]) -> Grads: ...
 
 
 def double_backward(fn: Function, tape: Tape, d_outputs: Mapping[str, Any] | None,
@@ -42,7 +58,7 @@ def double_backward(fn: Function, tape: Tape, d_outputs: Mapping[str, Any] | Non
         raise RnncValueError("double_backward() of a device call is not supported: run "
                              "forward() on NumPy arrays to take second derivatives")
     dtype, T, B = tape.dtype, tape.T, tape.B
-    d_out, d_st = fn._upstream(tape, d_outputs, d_states)
+    d_out, d_st = fn.upstream(tape, d_outputs, d_states)
     u_x = input_cotangents(fn.inputs, fn.no_grad, g_x, dtype, T, B)
     u_st = cotangents("g_states cotangent", fn.states, g_states, dtype, T, B)
     u_given = validate.named_arrays("g_params cotangent", fn.params, g_params, dtype,
@@ -50,7 +66,7 @@ def double_backward(fn: Function, tape: Tape, d_outputs: Mapping[str, Any] | Non
     u_flat = fn.layout.pack({n: u_given.get(n, np.zeros(s, NP[dtype]))
                              for n, s in fn.params.items()}, NP[dtype])
     if T == 0:  # backward passed d_states through: so does its derivative
-        zero = fn._zero_grads(tape, {s: np.zeros_like(v) for s, v in d_st.items()})
+        zero = fn.zero_grads(tape, {s: np.zeros_like(v) for s, v in d_st.items()})
         return ({n: np.zeros_like(v) for n, v in d_out.items()}, u_st, zero)
     u_params = fn.layout.block_views(u_flat)
     direct = _backward_of_backward(fn, tape, cotangent_env(d_out, d_st),
@@ -60,7 +76,7 @@ def double_backward(fn: Function, tape: Tape, d_outputs: Mapping[str, Any] | Non
               for n, v in d_out.items()}
     dd_st = {s: direct.get(gradient(cotangent(final_state(s))), np.zeros_like(v))
              for s, v in d_st.items()}
-    return dd_out, dd_st, fn._grads(tape, (direct, through), through)
+    return dd_out, dd_st, fn.sum_grads(tape, (direct, through), through)
 
 def _second_order(fn: Function, mode: str, tape: Tape, env: dict[str, np.ndarray]
                   ) -> dict[str, np.ndarray]:
@@ -68,9 +84,9 @@ def _second_order(fn: Function, mode: str, tape: Tape, env: dict[str, np.ndarray
     stacked what it reads."""
     masked, dims = tape.lengths is not None, {"T": tape.T, "B": tape.B}
     writer = mode.rsplit(".", 1)[0] + ".forward"
-    stacked = fn._runner(writer, tape.dtype, masked)(env, dims)
-    env = {**env, **{n: stacked[n] for n in fn._saved(writer, tape.dtype, masked)}}
-    return fn._runner(mode, tape.dtype, masked)(env, dims)
+    stacked = fn.runner(writer, tape.dtype, masked)(env, dims)
+    env = {**env, **{n: stacked[n] for n in fn.saved_names(writer, tape.dtype, masked)}}
+    return fn.runner(mode, tape.dtype, masked)(env, dims)
 
 def _backward_of_backward(fn: Function, tape: Tape, cotangents: dict[str, np.ndarray],
                           of_grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -87,7 +103,7 @@ def _backward_through_saves(fn: Function, tape: Tape, d_out: dict[str, np.ndarra
     how they flow back to x, params and states."""
     zeros = cotangent_env({n: np.zeros_like(v) for n, v in d_out.items()},
                            {n: np.zeros_like(v) for n, v in d_st.items()})
-    saved = fn._saved("forward", tape.dtype, tape.lengths is not None)
+    saved = fn.saved_names("forward", tape.dtype, tape.lengths is not None)
     env = {**tape.env, **zeros}
     env.update({cotangent(n): direct.get(gradient(n), np.zeros_like(tape.env[n]))
                 for n in saved})

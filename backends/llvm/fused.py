@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 from llvmlite import ir
 
 from rnnc import ops
-from rnnc.backends.llvm import rules
+from rnnc.backends.llvm import scalar
 from rnnc.backends.llvm.context import I64, Buffer, Context, Shape
 from rnnc.backends.llvm.kernels import Kernel
 from rnnc.backends.llvm.region import (
@@ -222,7 +222,7 @@ def _aligned(nodes: Mapping[int, Node], inside: set[int], x: int, skip: set[int]
         if nid in found or nid in skip or nid not in inside or nodes[nid].op in REDUCTIONS:
             continue
         found.add(nid)
-        if nodes[nid].op in rules.SCALAR:
+        if nodes[nid].op in scalar.SCALAR:
             stack.extend(i for i in nodes[nid].inputs if nodes[i].shape == nodes[nid].shape)
     return found
 

@@ -14,7 +14,7 @@ output's columns (its units in every gate), over all rows; the index stays the e
 so every operand is read at the right column.
 
 The per-element arithmetic of each elementwise op is the rule table
-``rnnc.backends.llvm.rules.SCALAR``. A fused node's region is cut into parts and each part
+``rnnc.backends.llvm.scalar.SCALAR``. A fused node's region is cut into parts and each part
 emitted here or, when it reduces over the feature axis, row by row
 (:mod:`rnnc.backends.llvm.fused`).
 """
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from rnnc import ops
-from rnnc.backends.llvm import rules
+from rnnc.backends.llvm import scalar
 from rnnc.backends.llvm.context import I64, Buffer, Context, Shape
 from rnnc.backends.llvm.kernels import Kernel, emit_loop
 from rnnc.ir import Node
@@ -40,7 +40,7 @@ KERNEL_NODES = 128
 
 def per_element(op: ops.Op) -> bool:
     """Whether a region evaluates ``op`` element by element (reductions need a node's loop)."""
-    return op in rules.SCALAR or op in rules.INDEXED or op.kind is ops.OpKind.LAYOUT \
+    return op in scalar.SCALAR or op in scalar.INDEXED or op.kind is ops.OpKind.LAYOUT \
         or op is ops.constant
 
 
@@ -104,14 +104,14 @@ class Region:
         node = self.nodes[nid]
         if node.op is ops.constant:
             return [], lambda _: ir.Constant(self.k.ctx.scalar, float(node.attrs["value"]))
-        if node.op in rules.SCALAR:
+        if node.op in scalar.SCALAR:
             reads = [(src, broadcast_index(index, node.shape, self.nodes[src].shape))
                      for src in node.inputs]
-            return reads, lambda args: rules.SCALAR[node.op](self.k.builder, *args, **node.attrs)
+            return reads, lambda args: scalar.SCALAR[node.op](self.k.builder, *args, **node.attrs)
         if node.op.kind is ops.OpKind.LAYOUT:
             return self._layout_reads(node, index)
-        if node.op in rules.INDEXED:  # reads chosen elements and uses the index (bernoulli)
-            return rules.INDEXED[node.op](self.k.builder, node, index)
+        if node.op in scalar.INDEXED:  # reads chosen elements and uses the index (bernoulli)
+            return scalar.INDEXED[node.op](self.k.builder, node, index)
         raise NotImplementedError(f"{node.op.name} cannot be evaluated per element")
 
     def _layout_reads(self, node: Node, index: tuple) -> Reads:

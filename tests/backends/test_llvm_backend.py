@@ -160,7 +160,7 @@ def test_each_gemm_shape_gets_a_measured_choice(tmp_path, monkeypatch) -> None:
     x, params, states = data(cell, 6, 4, np.float64, seed=5)
     close(fn(x, params, states=states)[0]["y"], ref(x, params, states=states)[0]["y"],
           TOL[np.float64])
-    runner = fn._runner("inference", "f64", False)
+    runner = fn.runner("inference", "f64", False)
     choice = runner.gemm_choice(6, 4)
     assert len(choice) == len(runner.plan.gemms) >= 2  # the input projection and the step
     assert {c.partition("@")[0] for c in choice} <= {library.name, "twin"}

@@ -1,6 +1,6 @@
 """Accuracy of the LLVM backend's per-element rules for the elementwise family's functions.
 
-Each rule of ``rnnc.backends.llvm.rules.SCALAR`` for a smooth member (sin, cos, erf, log1p,
+Each rule of ``rnnc.backends.llvm.scalar.SCALAR`` for a smooth member (sin, cos, erf, log1p,
 expm1, log_sigmoid, silu, gelu) is compiled into a loop over an array and measured in ULP of
 the target type against a wider reference: float64 NumPy/SciPy for float32, mpmath at 40 digits
 for float64 (on fewer points: it is slow). The inputs cover the finite range by bit pattern,
@@ -22,7 +22,7 @@ import llvmlite.binding as llvm  # noqa: E402
 from llvmlite import ir  # noqa: E402
 
 from rnnc import ops_elementwise as elementwise  # noqa: E402
-from rnnc.backends.llvm import rules  # noqa: E402
+from rnnc.backends.llvm import scalar  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -91,7 +91,7 @@ class _Jit:
         module = ir.Module(name="family_accuracy")
         module.triple = llvm.get_process_triple()
         for name in REFERENCES:
-            emit = rules.SCALAR[elementwise.MEMBERS[name].op]
+            emit = scalar.SCALAR[elementwise.MEMBERS[name].op]
             for dtype, element in DTYPES.items():
                 _map_function(module, f"{name}_{np.dtype(dtype).name}", emit, element)
         parsed = llvm.parse_assembly(str(module))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import rnnc
-from rnnc.tools.bench import peers
+from rnnc.tools.bench import steps
 
 
 @dataclass(frozen=True)
@@ -76,12 +76,12 @@ class CellSpec:
 
 
 CELLS = {
-    "lstm": CellSpec("lstm", peers.lstm_step, peers.lstm_params, ("h", "c"), "LSTM"),
-    "gru": CellSpec("gru", peers.gru_step, peers.gru_params, ("h",), "GRU"),
-    "mgu": CellSpec(rnnc.cells.mgu, peers.mgu_step, peers.mgu_params, ("h",)),
-    "peephole_lstm": CellSpec(rnnc.cells.peephole_lstm, peers.peephole_step,
-                              peers.peephole_params, ("h", "c")),
-    "ln_lstm": CellSpec(ln_lstm, peers.ln_lstm_step, dict, ("h", "c")),
+    "lstm": CellSpec("lstm", steps.lstm_step, steps.lstm_params, ("h", "c"), "LSTM"),
+    "gru": CellSpec("gru", steps.gru_step, steps.gru_params, ("h",), "GRU"),
+    "mgu": CellSpec(rnnc.cells.mgu, steps.mgu_step, steps.mgu_params, ("h",)),
+    "peephole_lstm": CellSpec(rnnc.cells.peephole_lstm, steps.peephole_step,
+                              steps.peephole_params, ("h", "c")),
+    "ln_lstm": CellSpec(ln_lstm, steps.ln_lstm_step, dict, ("h", "c")),
 }
 PEERS = ("torch", "eager", "jax")
 MODES = ("inference", "training")
