@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from rnnc import ops
 from rnnc.errors import ShapeError
-from rnnc.op_types import broadcast_shapes, elementwise_shape  # noqa: F401 - re-exported
+from rnnc.op_types import Piece, broadcast_shapes, elementwise_shape, fmt_shape  # noqa: F401 - re-exported
+from rnnc.op_types import op_named as _op
 
 Shape = tuple[Any, ...]
 
@@ -26,21 +26,21 @@ Shape = tuple[Any, ...]
 def matmul_shape(a: Shape, b: Shape, transpose_a: bool = False,
                   transpose_b: bool = False) -> Shape:
     if len(a) < 1 or len(b) < 1:
-        raise ShapeError(f"matmul needs arrays, got {ops.fmt_shape(a)} @ {ops.fmt_shape(b)}")
+        raise ShapeError(f"matmul needs arrays, got {fmt_shape(a)} @ {fmt_shape(b)}")
     if transpose_a:
         # Contract every leading axis: sum over rows of a[r, :]^T b[r, :].
         if transpose_b or a[:-1] != b[:-1]:
             raise ShapeError(f"matmul[transpose_a] needs equal leading axes, got "
-                             f"{ops.fmt_shape(a)}, {ops.fmt_shape(b)}")
+                             f"{fmt_shape(a)}, {fmt_shape(b)}")
         return (a[-1], b[-1])
     if len(b) != 2 or any(isinstance(d, str) for d in b):
         raise ShapeError(f"matmul's right operand must be a matrix (k, n) without batch axes, "
-                         f"got {ops.fmt_shape(b)}")
+                         f"got {fmt_shape(b)}")
     k, n = (b[1], b[0]) if transpose_b else b
     if a[-1] != k:
         raise ShapeError(
-            f"matmul: inner sizes differ: {ops.fmt_shape(a)} @ "
-            f"{ops.fmt_shape(b)}{'^T' if transpose_b else ''} (expected left operand with {k} "
+            f"matmul: inner sizes differ: {fmt_shape(a)} @ "
+            f"{fmt_shape(b)}{'^T' if transpose_b else ''} (expected left operand with {k} "
             f"features, got {a[-1]})"
         )
     return a[:-1] + (n,)
@@ -53,7 +53,7 @@ def concat_shape(*shapes: Shape) -> Shape:
     for s in shapes:
         if len(s) < 1 or s[:-1] != lead:
             raise ShapeError("concat needs equal leading axes, got "
-                             + ", ".join(ops.fmt_shape(s) for s in shapes))
+                             + ", ".join(fmt_shape(s) for s in shapes))
     return lead + (sum(s[-1] for s in shapes),)
 
 
@@ -79,7 +79,7 @@ def slice_shape(a: Shape, start: int, stop: int, step: int = 1) -> Shape:
     step = check_step("slice", step)
     if len(a) < 1 or not (0 <= start < stop <= a[-1]):
         where = f"{start}:{stop}" + (f":{step}" if step != 1 else "")
-        raise ShapeError(f"slice [{where}] out of range for {ops.fmt_shape(a)}")
+        raise ShapeError(f"slice [{where}] out of range for {fmt_shape(a)}")
     return a[:-1] + (slice_width(start, stop, step),)
 
 
@@ -91,13 +91,13 @@ def pad_shape(a: Shape, before: int, after: int, step: int = 1) -> Shape:
 
 def reduce_shape(a: Shape) -> Shape:
     if len(a) < 1:
-        raise ShapeError(f"reduction over features needs an array, got {ops.fmt_shape(a)}")
+        raise ShapeError(f"reduction over features needs an array, got {fmt_shape(a)}")
     return a[:-1] + (1,)
 
 
 def expand_shape(a: Shape, size: int) -> Shape:
     if len(a) < 1 or a[-1] != 1:
-        raise ShapeError(f"expand needs a last axis of 1, got {ops.fmt_shape(a)}")
+        raise ShapeError(f"expand needs a last axis of 1, got {fmt_shape(a)}")
     return a[:-1] + (size,)
 
 
@@ -112,28 +112,28 @@ def constant_shape(value: float) -> Shape:  # a Python scalar
 # ---------------------------------------------------------------- layout index rules
 
 
-def concat_pieces(*widths: int) -> tuple[ops.Piece, ...]:
+def concat_pieces(*widths: int) -> tuple[Piece, ...]:
     out, start = [], 0
     for k, n in enumerate(widths):
-        out.append(ops.Piece(start, start + n, k, 1, -start))
+        out.append(Piece(start, start + n, k, 1, -start))
         start += n
     return tuple(out)
 
 
-def slice_pieces(width: int, start: int, stop: int, step: int = 1) -> tuple[ops.Piece, ...]:
-    return (ops.Piece(0, slice_width(start, stop, step), 0, scale=step, offset=start),)
+def slice_pieces(width: int, start: int, stop: int, step: int = 1) -> tuple[Piece, ...]:
+    return (Piece(0, slice_width(start, stop, step), 0, scale=step, offset=start),)
 
 
-def pad_pieces(width: int, before: int, after: int, step: int = 1) -> tuple[ops.Piece, ...]:
+def pad_pieces(width: int, before: int, after: int, step: int = 1) -> tuple[Piece, ...]:
     end = before + (width - 1) * step + 1  # one past the operand's last column
-    middle = (ops.Piece(before, end, 0, 1, -before, div=step),)
-    head = (ops.Piece(0, before, None),) if before else ()
-    tail = (ops.Piece(end, end + after, None),) if after else ()
+    middle = (Piece(before, end, 0, 1, -before, div=step),)
+    head = (Piece(0, before, None),) if before else ()
+    tail = (Piece(end, end + after, None),) if after else ()
     return head + middle + tail
 
 
-def expand_pieces(width: int, size: int) -> tuple[ops.Piece, ...]:
-    return (ops.Piece(0, size, 0, 0, 0),)
+def expand_pieces(width: int, size: int) -> tuple[Piece, ...]:
+    return (Piece(0, size, 0, 0, 0),)
 
 
 # ---------------------------------------------------------------- references
@@ -197,7 +197,7 @@ def constant_ref(value: float, dtype=np.float64):
 
 
 def const(e, value: float):
-    return e(ops.constant, value=value)
+    return e(_op("constant"), value=value)
 
 
 def vjp_add(e, g, xs, y):
@@ -205,83 +205,83 @@ def vjp_add(e, g, xs, y):
 
 
 def vjp_sub(e, g, xs, y):
-    return g, e(ops.neg, g)
+    return g, e(_op("neg"), g)
 
 
 def vjp_mul(e, g, xs, y):
     a, b = xs
-    return e(ops.mul, g, b), e(ops.mul, g, a)
+    return e(_op("mul"), g, b), e(_op("mul"), g, a)
 
 
 def vjp_div(e, g, xs, y):
     a, b = xs
-    ga = e(ops.div, g, b)
-    return ga, e(ops.neg, e(ops.mul, ga, y))
+    ga = e(_op("div"), g, b)
+    return ga, e(_op("neg"), e(_op("mul"), ga, y))
 
 
 def vjp_neg(e, g, xs, y):
-    return (e(ops.neg, g),)
+    return (e(_op("neg"), g),)
 
 
 def vjp_exp(e, g, xs, y):
-    return (e(ops.mul, g, y),)
+    return (e(_op("mul"), g, y),)
 
 
 def vjp_log(e, g, xs, y):
-    return (e(ops.div, g, xs[0]),)
+    return (e(_op("div"), g, xs[0]),)
 
 
 def vjp_tanh(e, g, xs, y):
-    return (e(ops.mul, g, e(ops.sub, const(e, 1.0), e(ops.mul, y, y))),)
+    return (e(_op("mul"), g, e(_op("sub"), const(e, 1.0), e(_op("mul"), y, y))),)
 
 
 def vjp_sigmoid(e, g, xs, y):
-    return (e(ops.mul, g, e(ops.mul, y, e(ops.sub, const(e, 1.0), y))),)
+    return (e(_op("mul"), g, e(_op("mul"), y, e(_op("sub"), const(e, 1.0), y))),)
 
 
 def vjp_relu(e, g, xs, y):
-    return (e(ops.where, xs[0], g, const(e, 0.0)),)
+    return (e(_op("where"), xs[0], g, const(e, 0.0)),)
 
 
 def vjp_sqrt(e, g, xs, y):
-    return (e(ops.div, e(ops.mul, g, const(e, 0.5)), y),)
+    return (e(_op("div"), e(_op("mul"), g, const(e, 0.5)), y),)
 
 
 def vjp_rsqrt(e, g, xs, y):
-    return (e(ops.mul, g, e(ops.mul, const(e, -0.5), e(ops.mul, y, e(ops.mul, y, y)))),)
+    return (e(_op("mul"), g, e(_op("mul"), const(e, -0.5), e(_op("mul"), y, e(_op("mul"), y, y)))),)
 
 
 def vjp_power(e, g, xs, y, exponent):
     # p * x^(p-1), not p * y / x, which is 0/0 at x = 0.
-    slope = e(ops.power, xs[0], exponent=exponent - 1.0)
-    return (e(ops.mul, g, e(ops.mul, slope, const(e, exponent))),)
+    slope = e(_op("power"), xs[0], exponent=exponent - 1.0)
+    return (e(_op("mul"), g, e(_op("mul"), slope, const(e, exponent))),)
 
 
 def vjp_softplus(e, g, xs, y):
-    return (e(ops.mul, g, e(ops.sigmoid, xs[0])),)
+    return (e(_op("mul"), g, e(_op("sigmoid"), xs[0])),)
 
 
 def vjp_where(e, g, xs, y):
     c = xs[0]
     zero = const(e, 0.0)
-    return None, e(ops.where, c, g, zero), e(ops.where, c, zero, g)
+    return None, e(_op("where"), c, g, zero), e(_op("where"), c, zero, g)
 
 
 def vjp_matmul(e, g, xs, y, transpose_a=False, transpose_b=False):
     a, b = xs
     if transpose_a:
         # y = sum_r a_r^T b_r: the cotangents are per row again.
-        return e(ops.matmul, b, g, transpose_b=True), e(ops.matmul, a, g)
+        return e(_op("matmul"), b, g, transpose_b=True), e(_op("matmul"), a, g)
     if transpose_b:
-        return e(ops.matmul, g, b), e(ops.matmul, g, a, transpose_a=True)
-    return e(ops.matmul, g, b, transpose_b=True), e(ops.matmul, a, g, transpose_a=True)
+        return e(_op("matmul"), g, b), e(_op("matmul"), g, a, transpose_a=True)
+    return e(_op("matmul"), g, b, transpose_b=True), e(_op("matmul"), a, g, transpose_a=True)
 
 
 def vjp_concat(e, g, xs, y):
     grads, start = [], 0
     for x in xs:
         n = e.shape(x)[-1]
-        grads.append(e(ops.slice_, g, start=start, stop=start + n))
+        grads.append(e(_op("slice"), g, start=start, stop=start + n))
         start += n
     return tuple(grads)
 
@@ -290,31 +290,31 @@ def vjp_slice(e, g, xs, y, start, stop, step=1):
     # Scatter g back to the sliced columns, zeros elsewhere (between them too, when strided).
     n = e.shape(xs[0])[-1]
     last = start + (slice_width(start, stop, step) - 1) * step
-    return (e(ops.pad, g, before=start, after=n - last - 1, **step_attrs(step)),)
+    return (e(_op("pad"), g, before=start, after=n - last - 1, **step_attrs(step)),)
 
 
 def vjp_pad(e, g, xs, y, before, after, step=1):
     n = e.shape(xs[0])[-1]
-    return (e(ops.slice_, g, start=before, stop=before + (n - 1) * step + 1,
+    return (e(_op("slice"), g, start=before, stop=before + (n - 1) * step + 1,
               **step_attrs(step)),)
 
 
 def vjp_sum(e, g, xs, y):
-    return (e(ops.expand, g, size=e.shape(xs[0])[-1]),)
+    return (e(_op("expand"), g, size=e.shape(xs[0])[-1]),)
 
 
 def vjp_mean(e, g, xs, y):
     n = e.shape(xs[0])[-1]
-    return (e(ops.expand, e(ops.mul, g, const(e, 1.0 / n)), size=n),)
+    return (e(_op("expand"), e(_op("mul"), g, const(e, 1.0 / n)), size=n),)
 
 
 def vjp_expand(e, g, xs, y, size):
-    return (e(ops.sum_, g),)
+    return (e(_op("sum"), g),)
 
 
 def vjp_sum_rows(e, g, xs, y):
     # Broadcast g over the rows of x; where() broadcasts without reading x's values.
-    return (e(ops.where, const(e, 1.0), g, xs[0]),)
+    return (e(_op("where"), const(e, 1.0), g, xs[0]),)
 
 
 def vjp_constant(e, g, xs, y, value):

@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from rnnc import ops, philox
+from rnnc import philox
 from rnnc.errors import ShapeError
+from rnnc.op_types import fmt_shape
 
 Shape = tuple[Any, ...]
 
@@ -28,7 +29,7 @@ def bernoulli_shape(key: Shape, counter: Shape, p: float, per: str, size: int,
                     stream: int) -> Shape:
     if tuple(key) != (4,) or len(counter) < 1 or counter[-1] != 4:
         raise ShapeError(f"bernoulli reads rng.key [4] and rng.counter [...,4], got "
-                         f"{ops.fmt_shape(key)}, {ops.fmt_shape(counter)}")
+                         f"{fmt_shape(key)}, {fmt_shape(counter)}")
     if per not in philox.PER:
         raise ShapeError(f"bernoulli's per must be one of {philox.PER}, got {per!r}")
     return tuple(counter[:-1]) + (size,)

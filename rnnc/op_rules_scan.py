@@ -20,9 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from rnnc import ops
 from rnnc.errors import ShapeError
 from rnnc.op_rules import broadcast_shapes, const
+from rnnc.op_types import fmt_shape
+from rnnc.op_types import op_named as _op
 
 Shape = tuple[Any, ...]
 
@@ -31,7 +32,7 @@ def linear_scan_shape(a: Shape, b: Shape, c0: Shape, reverse: bool = False,
                       exclusive: bool = False) -> Shape:
     if len(c0) < 1 or "T" in c0:
         raise ShapeError(f"linear_scan: the initial value must be a per-step value like [B,n], "
-                         f"got {ops.fmt_shape(c0)}")
+                         f"got {fmt_shape(c0)}")
     out = ("T",) + tuple(c0)
     for name, s in (("A", a), ("Bv", b)):
         try:
@@ -39,17 +40,17 @@ def linear_scan_shape(a: Shape, b: Shape, c0: Shape, reverse: bool = False,
         except ShapeError:
             fits = False
         if not fits:
-            raise ShapeError(f"linear_scan: {name} {ops.fmt_shape(s)} does not broadcast to the "
-                             f"result {ops.fmt_shape(out)}")
+            raise ShapeError(f"linear_scan: {name} {fmt_shape(s)} does not broadcast to the "
+                             f"result {fmt_shape(out)}")
     if not any(len(s) == len(out) and s[0] == "T" for s in (a, b)):
-        raise ShapeError(f"linear_scan: A {ops.fmt_shape(a)} or Bv {ops.fmt_shape(b)} must be a "
+        raise ShapeError(f"linear_scan: A {fmt_shape(a)} or Bv {fmt_shape(b)} must be a "
                          f"[T,...] sequence (it gives the number of steps)")
     return out
 
 
 def last_step_shape(x: Shape, reverse: bool = False) -> Shape:
     if len(x) < 2 or x[0] != "T":
-        raise ShapeError(f"last_step needs a [T,...] sequence, got {ops.fmt_shape(x)}")
+        raise ShapeError(f"last_step needs a [T,...] sequence, got {fmt_shape(x)}")
     return tuple(x[1:])
 
 
@@ -86,7 +87,7 @@ def last_step_ref(x, reverse: bool = False) -> np.ndarray:
 
 def _zeros_like(e, x):
     """Zeros of ``x``'s shape, without arithmetic on ``x`` (NaN times 0 is NaN)."""
-    return e(ops.where, const(e, 1.0), const(e, 0.0), x)
+    return e(_op("where"), const(e, 1.0), const(e, 0.0), x)
 
 
 def vjp_linear_scan(e, g, xs, y, reverse=False, exclusive=False):
@@ -95,20 +96,20 @@ def vjp_linear_scan(e, g, xs, y, reverse=False, exclusive=False):
     zero = _zeros_like(e, c0)
     if exclusive:
         # y[t] = C[t-1]: D[s] = dL/dC[s] = g[s+1] + A[s+1] D[s+1], the next step's cotangent.
-        d = e(ops.linear_scan, a, g, zero, **back)
-        d_c0 = e(ops.last_step, e(ops.add, g, e(ops.mul, a, d)), reverse=not reverse)
+        d = e(_op("linear_scan"), a, g, zero, **back)
+        d_c0 = e(_op("last_step"), e(_op("add"), g, e(_op("mul"), a, d)), reverse=not reverse)
         before = y
     else:
         # y[t] = C[t]: D[t] = g[t] + A[t+1] D[t+1], and H = A * D obeys H[t] = A[t] (g[t] +
         # H[t+1]), a scan over A itself: D = g + H shifted by one step.
-        d = e(ops.add, g, e(ops.linear_scan, a, e(ops.mul, a, g), zero, **back))
-        d_c0 = e(ops.last_step, e(ops.mul, a, d), reverse=not reverse)
-        before = e(ops.linear_scan, a, b, c0, reverse=reverse, exclusive=True)
-    return e(ops.mul, d, before), d, d_c0
+        d = e(_op("add"), g, e(_op("linear_scan"), a, e(_op("mul"), a, g), zero, **back))
+        d_c0 = e(_op("last_step"), e(_op("mul"), a, d), reverse=not reverse)
+        before = e(_op("linear_scan"), a, b, c0, reverse=reverse, exclusive=True)
+    return e(_op("mul"), d, before), d, d_c0
 
 
 def vjp_last_step(e, g, xs, y, reverse=False):
     # g at the step taken, zeros elsewhere: an exclusive scan in the other direction starts
     # from g and, with A = Bv = 0, holds 0 after its first step.
     zeros = _zeros_like(e, xs[0])
-    return (e(ops.linear_scan, zeros, const(e, 0.0), g, reverse=not reverse, exclusive=True),)
+    return (e(_op("linear_scan"), zeros, const(e, 0.0), g, reverse=not reverse, exclusive=True),)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from rnnc import ops
 from rnnc.op_rules import const
+from rnnc.op_types import op_named as _op
 
 # ---------------------------------------------------------------- references
 
@@ -25,17 +25,17 @@ def stop_gradient_ref(x):
 
 
 def vjp_amax(e, g, xs, y):
-    return _split_over_ties(e, g, e(ops.greater_equal, xs[0], y))
+    return _split_over_ties(e, g, e(_op("greater_equal"), xs[0], y))
 
 
 def vjp_amin(e, g, xs, y):
-    return _split_over_ties(e, g, e(ops.less_equal, xs[0], y))
+    return _split_over_ties(e, g, e(_op("less_equal"), xs[0], y))
 
 
 def _split_over_ties(e, g, selected):
     """``g`` shared evenly by the elements of each row that ``selected`` marks with 1."""
-    share = e(ops.div, g, e(ops.sum_, selected))
-    return (e(ops.where, selected, share, const(e, 0.0)),)
+    share = e(_op("div"), g, e(_op("sum"), selected))
+    return (e(_op("where"), selected, share, const(e, 0.0)),)
 
 
 def vjp_stop_gradient(e, g, xs, y):

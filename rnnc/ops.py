@@ -18,7 +18,12 @@ from __future__ import annotations
 import numpy as np
 
 # The op families declare their ops themselves (importing one registers them); the shared
-# types are re-exported: code names them rnnc.ops.Op, rnnc.ops.Piece, ...
+# types are re-exported: code names them rnnc.ops.Op, rnnc.ops.Piece, ... The rules name the ops
+# they emit through op_types.op_named, looked up when they run, so none of them imports this module.
+from rnnc import op_rules as rules
+from rnnc import op_rules_random as random_rules
+from rnnc import op_rules_scan as scan_rules
+from rnnc import op_rules_select as select
 from rnnc import ops_elementwise as elementwise  # noqa: F401
 from rnnc.op_types import (  # noqa: F401
     REGISTRY,
@@ -41,10 +46,6 @@ from rnnc.ops_elementwise import (  # noqa: F401 - the comparing and selecting o
 )
 
 _register = register
-
-# The rules refer back to this module's ops by attribute, at call time.
-from rnnc import op_rules as rules  # noqa: E402
-from rnnc import op_rules_select as select  # noqa: E402
 
 # ---------------------------------------------------------------- the table
 
@@ -103,14 +104,10 @@ constant = _register(Op("constant", S, 0, rules.constant_shape, rules.constant_r
 # A 0.0/1.0 mask drawn by Philox4x32-10 from rng.key and rng.counter: rnnc/op_rules_random.py.
 # Elementwise as backends and fusion see it (one loop or kernel over its result), though element
 # (r, j) reads row r of rng.counter, all of rng.key and its own column index j.
-from rnnc import op_rules_random as random_rules  # noqa: E402
-
 bernoulli = _register(Op("bernoulli", E, 2, random_rules.bernoulli_shape,
                          random_rules.bernoulli_ref, random_rules.vjp_bernoulli, random=True))
 
 # Over the time axis, outside the loop only (parallel-scan makes them): rnnc/op_rules_scan.py.
-from rnnc import op_rules_scan as scan_rules  # noqa: E402
-
 linear_scan = _register(Op("linear_scan", OpKind.SCAN, 3, scan_rules.linear_scan_shape,
                            scan_rules.linear_scan_ref, scan_rules.vjp_linear_scan))
 last_step = _register(Op("last_step", OpKind.SCAN, 1, scan_rules.last_step_shape,

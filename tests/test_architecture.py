@@ -144,12 +144,6 @@ KNOWN_CYCLES: set[frozenset[str]] = {
     frozenset({"rnnc.layers.checks", "rnnc.layers.rnn"}),
     frozenset({"rnnc.layers.checks", "rnnc.layers.rnn", "rnnc.layers.run"}),
     frozenset({"rnnc.layers.rnn", "rnnc.layers.run"}),
-    frozenset({"rnnc.op_rules", "rnnc.op_rules_scan", "rnnc.ops"}),
-    frozenset({"rnnc.op_rules", "rnnc.op_rules_select", "rnnc.ops"}),
-    frozenset({"rnnc.op_rules", "rnnc.ops"}),
-    frozenset({"rnnc.op_rules_random", "rnnc.ops"}),
-    frozenset({"rnnc.op_rules_scan", "rnnc.ops"}),
-    frozenset({"rnnc.op_rules_select", "rnnc.ops"}),
 }
 
 
