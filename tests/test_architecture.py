@@ -137,13 +137,6 @@ KNOWN_CYCLES: set[frozenset[str]] = {
                "rnnc.interop.torch_ops"}),
     frozenset({"rnnc.interop.torch", "rnnc.interop.torch_autograd", "rnnc.interop.torch_ops"}),
     frozenset({"rnnc.interop.torch", "rnnc.interop.torch_device", "rnnc.interop.torch_ops"}),
-    frozenset({"rnnc.layers.backward", "rnnc.layers.checks", "rnnc.layers.rnn"}),
-    frozenset({"rnnc.layers.backward", "rnnc.layers.checks", "rnnc.layers.rnn", "rnnc.layers.run"}),
-    frozenset({"rnnc.layers.backward", "rnnc.layers.rnn"}),
-    frozenset({"rnnc.layers.backward", "rnnc.layers.rnn", "rnnc.layers.run"}),
-    frozenset({"rnnc.layers.checks", "rnnc.layers.rnn"}),
-    frozenset({"rnnc.layers.checks", "rnnc.layers.rnn", "rnnc.layers.run"}),
-    frozenset({"rnnc.layers.rnn", "rnnc.layers.run"}),
 }
 
 

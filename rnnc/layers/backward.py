@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -23,9 +23,7 @@ from rnnc.layers import checks
 from rnnc.layers.arrays import Arrays
 from rnnc.layers.checks import Grid
 from rnnc.layers.run import LayerTape, reads_extra
-
-if TYPE_CHECKING:
-    from rnnc.layers.rnn import RNN
+from rnnc.layers.stack import LayerStack
 
 States = dict[str, np.ndarray]
 
@@ -45,7 +43,7 @@ class LayerGrads:
 class _Paths:
     """How one tape's arrays reach its cells: time order per direction, lengths, dropout."""
 
-    def __init__(self, layer: RNN, tape: LayerTape, ops: Arrays | None = None) -> None:
+    def __init__(self, layer: LayerStack, tape: LayerTape, ops: Arrays | None = None) -> None:
         self.layer, self.tape = layer, tape
         self.ops = Arrays(tape.device) if ops is None else ops
         self.valid = self.ops.valid_steps(tape.T, tape.lengths)
@@ -113,7 +111,7 @@ class _Paths:
                 for n, a in extra.items()}
 
 
-def _check_tape(layer: RNN, tape: Any) -> LayerTape:
+def _check_tape(layer: LayerStack, tape: Any) -> LayerTape:
     if not isinstance(tape, LayerTape):
         raise RnncTypeError(f"backward() takes the tape from forward(train=True), got "
                             f"{type(tape).__name__}")
@@ -122,13 +120,13 @@ def _check_tape(layer: RNN, tape: Any) -> LayerTape:
     return tape
 
 
-def _zero_states(layer: RNN, B: int, dtype: np.dtype, ops: Arrays | None = None) -> States:
+def _zero_states(layer: LayerStack, B: int, dtype: np.dtype, ops: Arrays | None = None) -> States:
     LD = layer.num_layers * layer.num_directions
     ops = Arrays() if ops is None else ops
     return {n: ops.zeros((LD, B, s), dtype) for n, s in layer.state_sizes.items()}
 
 
-def backward_empty(layer: RNN, tape: LayerTape) -> LayerGrads:
+def backward_empty(layer: LayerStack, tape: LayerTape) -> LayerGrads:
     """Zero gradients for an empty batch: every parameter's gradient is a sum over none."""
     dtype, ops = tape.dtype, Arrays(tape.device)
     x_shape = (0, tape.T, layer.input_size) if layer.batch_first else \
@@ -140,7 +138,7 @@ def backward_empty(layer: RNN, tape: LayerTape) -> LayerGrads:
                       extra)
 
 
-def backward(layer: RNN, tape: Any, d_y: Any, d_states: Any) -> LayerGrads:
+def backward(layer: LayerStack, tape: Any, d_y: Any, d_states: Any) -> LayerGrads:
     """The gradients of ``RNN.backward``: down the layers, each direction's cell backward."""
     tape = _check_tape(layer, tape)
     L, D, T, B = layer.num_layers, layer.num_directions, tape.T, tape.B
@@ -165,7 +163,7 @@ def backward(layer: RNN, tape: Any, d_y: Any, d_states: Any) -> LayerGrads:
     return LayerGrads(ops.contiguous(gx), g_params, g_states, paths.caller_extra(g_extra))
 
 
-def double_backward(layer: RNN, tape: LayerTape, d_y: np.ndarray,
+def double_backward(layer: LayerStack, tape: LayerTape, d_y: np.ndarray,
                     d_states: Mapping[str, np.ndarray], g_x: np.ndarray, g_params: Grid,
                     g_states: Mapping[str, np.ndarray],
                     g_extra: Mapping[str, np.ndarray] | None = None

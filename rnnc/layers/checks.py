@@ -11,7 +11,7 @@ from __future__ import annotations
 import pickle
 import warnings
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -21,9 +21,7 @@ from rnnc.device_twin import twin_for_data
 from rnnc.dsl import Cell
 from rnnc.errors import CellError, RnncPicklingError, RnncTypeError, RnncValueError
 from rnnc.layers.arrays import Arrays
-
-if TYPE_CHECKING:
-    from rnnc.layers.rnn import RNN
+from rnnc.layers.stack import LayerStack
 
 CellFactory = Callable[[int, int], Cell]
 Params = dict[str, np.ndarray]
@@ -189,7 +187,7 @@ def check_extra_inputs(value: Any) -> str:
 # ---------------------------------------------------------------- arguments of a call
 
 
-def check_params(layer: RNN, params: Any) -> Grid:
+def check_params(layer: LayerStack, params: Any) -> Grid:
     """Return ``params`` as a ``[layer][direction]`` grid (``None``: the layer's own)."""
     if params is None:
         return layer.params
@@ -201,7 +199,7 @@ def check_params(layer: RNN, params: Any) -> Grid:
     return [list(row) for row in params]
 
 
-def call_device(layer: RNN, x: Any, extra: Any) -> Device | None:
+def call_device(layer: LayerStack, x: Any, extra: Any) -> Device | None:
     """The device of a call whose input sequences are ``x`` and ``extra``: the backend's when
     they are device arrays, None for a host call (a host backend's own checks refuse device
     arrays, naming the conversion). Refuses input sequences on both sides."""
@@ -237,7 +235,7 @@ def on_side(ops: Arrays, arr: Any) -> Any:
     return arr
 
 
-def check_x(layer: RNN, x: Any, dtype: np.dtype, ops: Arrays | None = None) -> np.ndarray:
+def check_x(layer: LayerStack, x: Any, dtype: np.dtype, ops: Arrays | None = None) -> np.ndarray:
     """Return the input as a time-major ``(T, B, input_size)`` array of ``dtype`` (on the
     device of a device call, ``ops``)."""
     given = x
@@ -258,7 +256,7 @@ def check_x(layer: RNN, x: Any, dtype: np.dtype, ops: Arrays | None = None) -> n
     return x.transpose(1, 0, 2) if layer.batch_first else x
 
 
-def check_lengths(layer: RNN, lengths: Any, T: int, B: int) -> np.ndarray | None:
+def check_lengths(layer: LayerStack, lengths: Any, T: int, B: int) -> np.ndarray | None:
     """Return the sequence lengths as an int array of shape ``(B,)`` in ``1..T``, or None."""
     if lengths is None:
         return None
@@ -277,7 +275,7 @@ def check_lengths(layer: RNN, lengths: Any, T: int, B: int) -> np.ndarray | None
     return validate.lengths(arr, T, B)
 
 
-def _batch_axis_hint(layer: RNN, T: int | None, B: int, LD: int, size: int,
+def _batch_axis_hint(layer: LayerStack, T: int | None, B: int, LD: int, size: int,
                      shape: tuple[int, ...]) -> str:
     """A hint for a state shaped as if x's time axis were its batch axis."""
     if T is None or T == B or shape != (LD, T, size):
@@ -288,7 +286,7 @@ def _batch_axis_hint(layer: RNN, T: int | None, B: int, LD: int, size: int,
                "x.transpose(1, 0, 2))"))
 
 
-def check_states(layer: RNN, states: Any, B: int, dtype: np.dtype, what: str = "state",
+def check_states(layer: LayerStack, states: Any, B: int, dtype: np.dtype, what: str = "state",
                  T: int | None = None, ops: Arrays | None = None) -> dict[str, np.ndarray]:
     """Return every state as a ``(L*D, B, size)`` array of ``dtype`` (a missing one: zeros).
 
@@ -326,7 +324,7 @@ def check_states(layer: RNN, states: Any, B: int, dtype: np.dtype, what: str = "
     return out
 
 
-def check_d_y(layer: RNN, d_y: Any, T: int, B: int, dtype: np.dtype,
+def check_d_y(layer: LayerStack, d_y: Any, T: int, B: int, dtype: np.dtype,
               ops: Arrays | None = None) -> np.ndarray:
     """Return the gradient of ``y`` time-major, ``(T, B, D*H)`` (``None``: zeros); in a
     device call (``ops``) on the device, a host one uploaded."""
@@ -344,7 +342,7 @@ def check_d_y(layer: RNN, d_y: Any, T: int, B: int, dtype: np.dtype,
     return d_y.transpose(1, 0, 2) if layer.batch_first else d_y
 
 
-def check_extra(layer: RNN, extra: Any, T: int, B: int, dtype: np.dtype,
+def check_extra(layer: LayerStack, extra: Any, T: int, B: int, dtype: np.dtype,
                 device: Device | None = None) -> dict[str, np.ndarray]:
     """Return the extra inputs time-major, ``(T, B, size)`` each, all of them given (device
     arrays of ``device`` in a device call)."""

@@ -17,7 +17,7 @@ copied between host and device.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -26,9 +26,7 @@ from rnnc.api import Tape
 from rnnc.device import Device
 from rnnc.layers import checks
 from rnnc.layers.arrays import Arrays
-
-if TYPE_CHECKING:
-    from rnnc.layers.rnn import RNN
+from rnnc.layers.stack import LayerStack
 
 Result = tuple[np.ndarray, dict[str, np.ndarray], "LayerTape | None"]
 
@@ -37,7 +35,7 @@ Result = tuple[np.ndarray, dict[str, np.ndarray], "LayerTape | None"]
 class LayerTape:
     """What ``RNN.forward(train=True)`` saved for ``RNN.backward``."""
 
-    owner: RNN
+    owner: LayerStack
     T: int
     B: int
     dtype: np.dtype
@@ -53,7 +51,7 @@ class LayerTape:
         return [*held, *(m for m in self.dropout_masks if m is not None), *self.extra.values()]
 
 
-def layer_extra(layer: RNN, k: int, extra: dict[str, np.ndarray], ops: Arrays
+def layer_extra(layer: LayerStack, k: int, extra: dict[str, np.ndarray], ops: Arrays
                 ) -> dict[str, np.ndarray]:
     """The extra inputs layer ``k`` reads: all of them, or zeros above layer 0 with
     ``extra_inputs="first"``."""
@@ -62,12 +60,12 @@ def layer_extra(layer: RNN, k: int, extra: dict[str, np.ndarray], ops: Arrays
     return {n: ops.zeros_like(a) for n, a in extra.items()}
 
 
-def reads_extra(layer: RNN, k: int) -> bool:
+def reads_extra(layer: LayerStack, k: int) -> bool:
     """Whether layer ``k`` reads the caller's extra inputs (its gradients count)."""
     return bool(layer.extra_sizes) and (k == 0 or layer.extra_inputs == "all")
 
 
-def call_seed(layer: RNN, seed: Any, rng: np.random.Generator) -> int | None:
+def call_seed(layer: LayerStack, seed: Any, rng: np.random.Generator) -> int | None:
     """The seed of a call's random masks (``rnnc.bernoulli`` in the cell): ``seed`` checked,
     or, when it is None and the cell draws masks, one drawn from the layer's stream ``rng``."""
     if seed is not None:
@@ -83,7 +81,7 @@ def layer_seed(seed: int | None, k: int, d: int) -> int | None:
     return int(words[0]) | int(words[1]) << 32
 
 
-def params_dtype(layer: RNN, grid: list[list[Any]]) -> np.dtype:
+def params_dtype(layer: LayerStack, grid: list[list[Any]]) -> np.dtype:
     """The dtype of a call's parameters (a device array may tell it through its CUDA array
     interface only), which the call's arrays must have; the layer's when there are none."""
     first = next(iter(grid[0][0].values()), None)
@@ -93,7 +91,7 @@ def params_dtype(layer: RNN, grid: list[list[Any]]) -> np.dtype:
     return np.dtype(first.dtype if typestr is None else typestr)
 
 
-def run(layer: RNN, x: Any, lengths: Any, states: Any, params: Any, train: bool,
+def run(layer: LayerStack, x: Any, lengths: Any, states: Any, params: Any, train: bool,
         rng: np.random.Generator, apply_dropout: bool | None, extra: Any = None,
         seed: Any = None) -> Result:
     """``(y, final_states, tape)`` of ``RNN.forward`` (the tape is None unless ``train``)."""
@@ -141,7 +139,7 @@ def run(layer: RNN, x: Any, lengths: Any, states: Any, params: Any, train: bool,
     return ops.contiguous(y), final, tape
 
 
-def cell_params(layer: RNN, grid: list[list[Any]], ops: Arrays) -> list[list[Any]]:
+def cell_params(layer: LayerStack, grid: list[list[Any]], ops: Arrays) -> list[list[Any]]:
     """What each cell call of a run takes as its parameters: the grid's dicts in a host call
     or when they are device arrays (packed on the device by the call; a dict mixing host and
     device arrays is refused there), else a flat device buffer uploaded once and reused while
@@ -166,7 +164,7 @@ def cell_params(layer: RNN, grid: list[list[Any]], ops: Arrays) -> list[list[Any
     return out
 
 
-def _run_direction(layer: RNN, k: int, d: int, inp: Any, params: dict[str, Any],
+def _run_direction(layer: LayerStack, k: int, d: int, inp: Any, params: dict[str, Any],
                    st0: dict[str, np.ndarray], lens: np.ndarray | None, train: bool,
                    seed: int | None) -> tuple[np.ndarray, dict[str, np.ndarray], Tape | None]:
     """One direction ``d`` of layer ``k``: its output in time order, final states and tape."""
@@ -179,7 +177,7 @@ def _run_direction(layer: RNN, k: int, d: int, inp: Any, params: dict[str, Any],
     return ys[layer.output_name], st, tape
 
 
-def run_empty(layer: RNN, T: int, dtype: np.dtype, train: bool, ops: Arrays) -> Result:
+def run_empty(layer: LayerStack, T: int, dtype: np.dtype, train: bool, ops: Arrays) -> Result:
     """The result of an empty batch (B = 0): empty outputs and states, as torch returns."""
     LD = layer.num_layers * layer.num_directions
     width = layer.num_directions * layer.output_size
