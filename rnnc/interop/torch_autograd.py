@@ -12,7 +12,7 @@ device call's tape).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,14 +20,12 @@ import torch
 from rnnc.errors import RnncRuntimeError
 from rnnc.interop import torch_device
 from rnnc.interop.torch_device import from_numpy, to_numpy
-
-if TYPE_CHECKING:
-    from rnnc.interop.torch import RNN
+from rnnc.interop.torch_hooks import TorchRNN
 
 __all__ = ["apply", "from_numpy", "to_numpy"]
 
 
-def apply(module: RNN, lengths: np.ndarray | None, seed: int | None, x: torch.Tensor,
+def apply(module: TorchRNN, lengths: np.ndarray | None, seed: int | None, x: torch.Tensor,
           states: list[torch.Tensor | None], params: list[torch.Tensor],
           extras: list[torch.Tensor] = ()) -> tuple[torch.Tensor, ...]:
     """``(y, *final_states)`` of ``module``'s layers, differentiable by torch's autograd.
@@ -55,7 +53,7 @@ class _Apply(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(module: RNN, lengths: np.ndarray | None, seed: int | None, box: _Box,
+    def forward(module: TorchRNN, lengths: np.ndarray | None, seed: int | None, box: _Box,
                 x: torch.Tensor, *tensors: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         names, ns, ne = module.state_names, len(module.state_names), len(module.extra_names)
         side = torch_device.bridge(module, x)
@@ -103,7 +101,7 @@ class _Apply(torch.autograd.Function):
         return (None, None, None, None, d_x, *d_states, *grads)
 
     @staticmethod
-    def vmap(info: Any, in_dims: tuple[int | None, ...], module: RNN,
+    def vmap(info: Any, in_dims: tuple[int | None, ...], module: TorchRNN,
              lengths: np.ndarray | None, seed: int | None, box: _Box, x: torch.Tensor,
              *tensors: torch.Tensor | None) -> tuple[tuple[torch.Tensor, ...], tuple[int, ...]]:
         n_inputs = 1 + len(module.state_names) + len(module.extra_names)
@@ -114,7 +112,7 @@ class _Apply(torch.autograd.Function):
             module, lengths, seed, _Box(), *a), (x, *tensors))
 
 
-def _fold_vmap(V: int, dims: tuple[int | None, ...], module: RNN, lengths: np.ndarray | None,
+def _fold_vmap(V: int, dims: tuple[int | None, ...], module: TorchRNN, lengths: np.ndarray | None,
                seed: int | None, x: torch.Tensor, tensors: tuple[torch.Tensor | None, ...]
                ) -> tuple[tuple[torch.Tensor, ...], tuple[int, ...]]:
     """Run a vmap over inputs and states only as one call with batch ``V * B``."""
@@ -185,7 +183,7 @@ class _Backward(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(module: RNN, tape: Any, given: tuple[bool, ...], d_y: torch.Tensor,
+    def forward(module: TorchRNN, tape: Any, given: tuple[bool, ...], d_y: torch.Tensor,
                 *rest: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         names = module.state_names
         d_final = rest[:len(names)]
@@ -222,7 +220,7 @@ class _Backward(torch.autograd.Function):
         return (None, None, None, c_dy, *c_d_final, c_x, *c_states, *rest)
 
     @staticmethod
-    def vmap(info: Any, in_dims: tuple[int | None, ...], module: RNN, tape: Any,
+    def vmap(info: Any, in_dims: tuple[int | None, ...], module: TorchRNN, tape: Any,
              given: tuple[bool, ...], d_y: torch.Tensor, *rest: torch.Tensor | None
              ) -> tuple[tuple[torch.Tensor, ...], tuple[int, ...]]:
         return _loop_vmap(info.batch_size, in_dims[3:], lambda *a: _Backward.apply(
@@ -241,7 +239,7 @@ class _DoubleBackward(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(module: RNN, tape: Any, given: tuple[bool, ...], n_u: int,
+    def forward(module: TorchRNN, tape: Any, given: tuple[bool, ...], n_u: int,
                 *tensors: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         names = module.state_names
         u, (d_y, *rest) = list(tensors[:n_u]), tensors[n_u:]
@@ -271,7 +269,7 @@ class _DoubleBackward(torch.autograd.Function):
             "which rnnc does not implement. Take at most second derivatives through the module")
 
     @staticmethod
-    def vmap(info: Any, in_dims: tuple[int | None, ...], module: RNN, tape: Any,
+    def vmap(info: Any, in_dims: tuple[int | None, ...], module: TorchRNN, tape: Any,
              given: tuple[bool, ...], n_u: int, *tensors: torch.Tensor | None
              ) -> tuple[tuple[torch.Tensor, ...], tuple[int, ...]]:
         return _loop_vmap(info.batch_size, in_dims[4:], lambda *a: _DoubleBackward.apply(

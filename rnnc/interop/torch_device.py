@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,9 +30,7 @@ from rnnc.interop.cell_params import (
     input_bias_names,
     input_weight_names,
 )
-
-if TYPE_CHECKING:
-    from rnnc.interop.torch import RNN
+from rnnc.interop.torch_hooks import TorchRNN
 
 _FUSED = (("W_i", "weight_ih"), ("W_h", "weight_hh"), ("b_i", "bias_ih"), ("b_h", "bias_hh"))
 
@@ -120,11 +118,11 @@ class HostBridge:
         """The result ``a`` as a tensor of its own, sharing no memory with ``held``."""
         return from_numpy(unshared(np, a, held), like)
 
-    def params(self, module: RNN, tensors: tuple[torch.Tensor, ...]) -> Any:
+    def params(self, module: TorchRNN, tensors: tuple[torch.Tensor, ...]) -> Any:
         """The module's parameter tensors as rnnc's ``[layer][direction]`` grid."""
         return module._rnnc_params(tensors)
 
-    def grads(self, module: RNN, grid: Any, like: torch.Tensor) -> list[torch.Tensor]:
+    def grads(self, module: TorchRNN, grid: Any, like: torch.Tensor) -> list[torch.Tensor]:
         """rnnc's gradient grid as tensors in ``_flat_parameters`` order."""
         return [from_numpy(a, like) for a in module._torch_grads(grid)]
 
@@ -152,7 +150,7 @@ class DeviceBridge:
         """The result ``a`` as a CUDA tensor of its own, sharing no memory with ``held``."""
         return self.tensor(unshared(self.device.xp, a, held), like)
 
-    def params(self, module: RNN, tensors: tuple[torch.Tensor, ...]) -> Any:
+    def params(self, module: TorchRNN, tensors: tuple[torch.Tensor, ...]) -> Any:
         """The module's parameter tensors as a grid of device arrays, split on the GPU."""
         grid, pos = [], 0
         for row in module._param_names:
@@ -168,7 +166,7 @@ class DeviceBridge:
             grid.append(out_row)
         return grid
 
-    def grads(self, module: RNN, grid: Any, like: torch.Tensor) -> list[torch.Tensor]:
+    def grads(self, module: TorchRNN, grid: Any, like: torch.Tensor) -> list[torch.Tensor]:
         """rnnc's gradient grid (device arrays) as CUDA tensors in ``_flat_parameters``
         order, fused on the GPU."""
         out: list[torch.Tensor] = []
@@ -197,7 +195,7 @@ def _base_name(name: str) -> str:
     return name.rsplit("_l", 1)[0]
 
 
-def bridge(module: RNN, t: torch.Tensor) -> HostBridge | DeviceBridge:
+def bridge(module: TorchRNN, t: torch.Tensor) -> HostBridge | DeviceBridge:
     """The bridge of a call whose input (or output gradient) is ``t``: the device one for a
     CUDA tensor when the module's rnnc backend has a GPU device, else the host one."""
     device = getattr(module.layer.function(0).backend, "device", None)
