@@ -56,13 +56,13 @@ def call(cell: rnnc.Cell, backend: str, mode: str, scan: bool, T: int, B: int
     env = {"x": x, "h": h, **cell.init_params(seed=0)}
     if mode == "inference":
         program = passes.run(base, pipeline("inference", scan))
-        run = backends.get(backend).build(program)
+        run = backends.get(backend).build(program, mode)
         env = parameters(program, env)
         return lambda: run(env, sizes)
     forward = passes.run(base, pipeline("forward", scan))
     backward = passes.run(base, pipeline("backward", scan))
-    run_forward = backends.get(backend).build(forward)
-    run_backward = backends.get(backend).build(backward)
+    run_forward = backends.get(backend).build(forward, "forward")
+    run_backward = backends.get(backend).build(backward, "backward")
     env = parameters(forward, env)
 
     def train() -> object:

@@ -46,7 +46,6 @@ class Function:
         self.cell = cell
         self.optimize = optimize
         self.reverse = reverse
-        validate.backend_options(backend, options)
         self.backend = backends.get(backend, **options)
         # parallel-scan where the backend's linear_scan beats its loop, unless told otherwise
         self.parallel_scan = (getattr(self.backend, "parallel_scan", True)
@@ -120,7 +119,7 @@ class Function:
         program = self.program(mode, dtype, masked)
         for writer, level in passes.save_writers(mode):
             check_save_plans(self.program(writer, dtype, masked), writer, program, mode, level)
-        runner = self.backend.build(program)
+        runner = self.backend.build(program, mode)
         with self._lock:
             return self._runners.setdefault(key, runner)
 

@@ -8,8 +8,6 @@ copied (inputs are never written, so a copy is safe). ``docs/inputs.md`` lists t
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import math
 import os
 from collections.abc import Mapping
@@ -21,10 +19,6 @@ from rnnc.device import Device, is_device
 from rnnc.errors import RnncTypeError, RnncValueError
 
 FLOAT_DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
-# Where each backend class lives, to list the options it takes (see ``backend_options``).
-_BACKEND_CLASSES = {"numpy": ("rnnc.backends.numpy.runtime", "NumpyBackend"),
-                    "llvm": ("rnnc.backends.llvm.runtime", "LlvmBackend"),
-                    "cuda": ("rnnc.backends.cuda.runtime", "CudaBackend")}
 
 
 def _is_torch_tensor(value: Any) -> bool:
@@ -275,22 +269,3 @@ def call_memory(arrays: Mapping[str, tuple[tuple[int, ...], str]], dtype: str,
                          f"{shape} {np.dtype(_np(dtype)).name} = {sizes[name]:,} bytes ({why}); "
                          f"use a smaller batch or hidden size, or shorter sequences")
 
-
-def backend_options(backend: Any, options: Mapping[str, Any]) -> None:
-    """Refuse options a backend does not take, listing the ones it does."""
-    if not options or backend not in _BACKEND_CLASSES:
-        return  # no options, or an unknown name that backends.get reports
-    module, name = _BACKEND_CLASSES[backend]
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except ImportError:
-        return  # backends.get says which library is missing
-    params = inspect.signature(cls.__init__).parameters.values()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return  # the backend checks its own keyword options
-    takes = [p.name for p in params if p.name != "self"]
-    unknown = sorted(set(options) - set(takes))
-    if unknown:
-        listed = ", ".join(f"{t}=" for t in takes) or "none"
-        raise RnncTypeError(f"backend {backend!r} takes no option {unknown[0]!r}; the options it "
-                            f"takes are: {listed}")

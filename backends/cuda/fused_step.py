@@ -13,8 +13,10 @@ region is the product's only reader (the product is no output of the body either
 is ``a @ b`` or ``a @ b^T`` with ``a`` (B, K) and a weight ``b``, the region reduces over
 nothing (a layer norm over the gates is not unit-local anyway), every result is (B, m*H), and
 the tile fits in static shared memory. ``transpose_a`` (a weight gradient) never occurs in a
-forward step and is refused. :func:`fused_mode` keeps backward programs (those that take a
-cotangent) on the GEMM path: their products ``dG @ U^T`` could be fused later as a prologue.
+forward step and is refused. Backward programs keep the GEMM path: their products
+``dG @ U^T`` could be fused later as a prologue. The runner reads that from the mode it is
+built for (``CudaBackend.build(program, mode)``); :func:`fused_mode` reads it from a program's
+cotangent arguments, for :func:`.codegen.render` given a program alone.
 
 :func:`fused_kernel_source` writes the kernel: the tile, then the epilogue, whose expressions
 come from :class:`~.kernels.KernelWriter` (the element-wise kernels' writer) with the argument

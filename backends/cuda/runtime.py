@@ -54,11 +54,12 @@ from typing import Any
 import numpy as np
 
 from rnnc import process
+from rnnc.backends import is_backward
 from rnnc.backends.cuda import autotune
 from rnnc.backends.cuda import precision as precision_module
 from rnnc.backends.cuda.codegen import Module, render
 from rnnc.backends.cuda.device import CudaDevice, EmulatedArray
-from rnnc.backends.cuda.fused_step import check_mode, fused_mode
+from rnnc.backends.cuda.fused_step import check_mode
 from rnnc.backends.cuda.host import Host
 from rnnc.backends.cuda.persistent import PersistentLaunch, resident_blocks
 from rnnc.backends.cuda.plan import Plan, Plans, shape_key
@@ -133,9 +134,9 @@ class CudaBackend:
         return self.cupy.RawModule(code=source, options=("--std=c++17",),
                                    enable_cooperative_groups=True)
 
-    def build(self, program: Program) -> Runner:
-        """A callable ``(env, dims) -> results`` for ``program``."""
-        return Runner(self, program)
+    def build(self, program: Program, mode: str) -> Runner:
+        """A callable ``(env, dims) -> results`` for ``program``, the program of ``mode``."""
+        return Runner(self, program, mode)
 
 
 class Runner:
@@ -147,14 +148,15 @@ class Runner:
     ``fused_step="auto"`` chose for each shape on a GPU and ``runner.tunings`` how
     (:mod:`.autotune`)."""
 
-    def __init__(self, backend: CudaBackend, program: Program) -> None:
+    def __init__(self, backend: CudaBackend, program: Program, mode: str) -> None:
         schedule = schedule_program(program)
         self.backend = backend
         self.dtype = schedule.numpy_dtype
         # TF32 GEMMs (backends/cuda/precision.py): float32 programs only. The fused kernel
         # computes its product in full float32, so TF32 keeps the GEMM path.
         self.tf32 = backend.precision == "tf32" and self.dtype == np.float32
-        mode = "never" if self.tf32 else fused_mode(program, backend.fused_step)
+        # A backward program's steps keep their GEMMs (.fused_step).
+        mode = "never" if self.tf32 or is_backward(mode) else backend.fused_step
         module = render(schedule, fused_step=mode)
         self.source = module.source
         self.xp = backend.xp

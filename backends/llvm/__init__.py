@@ -7,3 +7,15 @@ host CPU and keeps the object code in memory and on disk; ``runtime`` is the bac
 the runner that calls the native code. ``blas`` finds and loads the BLAS libraries, and
 ``autotune`` picks one per GEMM shape.
 """
+
+
+def backend_class() -> type:
+    """The backend's class (the registry's loader, :data:`rnnc.backends.REGISTRY`);
+    BackendUnavailable without llvmlite."""
+    from rnnc.errors import BackendUnavailable
+
+    try:
+        from rnnc.backends.llvm.runtime import LlvmBackend
+    except ImportError as err:
+        raise BackendUnavailable(f"backend 'llvm' needs llvmlite: {err}") from None
+    return LlvmBackend

@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from rnnc import diskcache, process
+from rnnc import backends, diskcache, process
 from rnnc.backends.llvm import autotune, cache, codegen, gemm, pool, scan_chunks, split
 from rnnc.backends.llvm import blas as blas_lib
 from rnnc.backends.llvm.context import Plan
@@ -87,7 +87,7 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-class Runner:
+class Runner(backends.Runner):
     """``runner(env, dims) -> results`` for one compiled program; safe from many threads."""
 
     def __init__(self, compiled: cache.Compiled, libraries: list[blas_lib.Blas], threads: int,
@@ -244,11 +244,13 @@ class LlvmBackend:
     # memory-bound (a team splits it, rarely faster), no faster than the fused loop it
     # replaces (docs/passes.md).
     parallel_scan = False
+    device = None  # runs on the host
 
     def __init__(self, blas: str | None = None, threads: int | None = None,
                  cache_dir: str | os.PathLike | bool | None = None,
                  code_cache_mb: float | None = None, team: bool | None = None,
-                 team_split: str = "columns") -> None:
+                 team_split: str = "columns", **options: Any) -> None:
+        backends.refuse_unknown_options(self.name, LlvmBackend.__init__, options)
         name = blas if blas is not None else os.environ.get("RNNC_BLAS") or None
         try:
             self.blas = blas_lib.get(name)
@@ -286,8 +288,9 @@ class LlvmBackend:
                     blas_lib.set_threads(self.threads, library)
                     _threads_set[library.name] = self.threads
 
-    def build(self, program: Program) -> Runner:
-        """A callable ``(env, dims) -> results`` running ``program`` natively."""
+    def build(self, program: Program, mode: str) -> Runner:
+        """A callable ``(env, dims) -> results`` running ``program`` natively (lowering reads
+        the program alone: every mode's program is built alike)."""
         self._set_threads()
         start = time.perf_counter()
         identity = fingerprint(program)

@@ -71,35 +71,40 @@ def run_scan(schedule: ProgramSchedule, env: Mapping[str, np.ndarray],
     return out
 
 
-def _runner(p: Program) -> Runner:
-    """A callable running ``p``; its schedule is built here, once."""
-    schedule = schedule_program(p)
-    dtype = schedule.numpy_dtype
+class NumpyRunner(Runner):
+    """A callable running one program; its schedule is built once, here. A host runner: it
+    keeps the protocol's :meth:`~rnnc.backends.Runner.on_device`, which refuses."""
 
-    def run(env: Mapping[str, np.ndarray], dims: Mapping[str, int]) -> dict[str, np.ndarray]:
+    def __init__(self, p: Program) -> None:
+        self.schedule = schedule_program(p)
+
+    def __call__(self, env: Mapping[str, np.ndarray], dims: Mapping[str, int]
+                 ) -> dict[str, np.ndarray]:
+        schedule, dtype = self.schedule, self.schedule.numpy_dtype
         env = dict(env)
         env.update(run_graph(schedule.pre, env, dtype))
         env.update(run_scan(schedule, env, dims))
         env.update(run_graph(schedule.post, env, dtype))
         return {name: env[name] for name in schedule.results}
-    return run
 
 
 def run_program(p: Program, env: Mapping[str, np.ndarray], dims: Mapping[str, int]
                 ) -> dict[str, np.ndarray]:
     """Run pre, scan and post over ``env``; return the program's results."""
-    return _runner(p)(env, dims)
+    return NumpyRunner(p)(env, dims)
 
 
 class NumpyBackend:
     """Runs programs with the interpreter; nothing is compiled."""
 
     name = "numpy"
+    device = None  # runs on the host
 
     def __init__(self, **options: Any) -> None:
         if options:
             raise RnncValueError(f"backend 'numpy' takes no options, got {sorted(options)}")
 
-    def build(self, program: Program) -> Runner:
-        """A callable ``(env, dims) -> results`` for ``program``."""
-        return _runner(program)
+    def build(self, program: Program, mode: str) -> Runner:
+        """A callable ``(env, dims) -> results`` for ``program`` (the interpreter runs every
+        mode's program alike)."""
+        return NumpyRunner(program)

@@ -78,9 +78,9 @@ def check_dtype(dtype: Any) -> np.dtype:
 
 def check_backend(backend: Any) -> str:
     """Return ``backend`` when it names one of rnnc's backends."""
-    if backend not in backends.NAMES:
+    if backend not in backends.names():
         raise RnncValueError(f"unknown backend {backend!r}; expected one of "
-                             f"{', '.join(backends.NAMES)} or None")
+                             f"{', '.join(backends.names())} or None")
     return backend
 
 

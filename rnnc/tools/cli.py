@@ -256,9 +256,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 def backend_names() -> tuple[str, ...]:
     """The backends ``rnnc dump --backend`` accepts."""
-    from rnnc.backends import NAMES
+    from rnnc.backends import names
 
-    return NAMES
+    return names()
 
 
 def build_parser() -> argparse.ArgumentParser:

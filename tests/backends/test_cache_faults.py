@@ -58,7 +58,7 @@ def _run(runner) -> np.ndarray:
 
 
 def _expected(k: int = 0) -> np.ndarray:
-    return _run(LlvmBackend(cache_dir=False).build(_program(k)))
+    return _run(LlvmBackend(cache_dir=False).build(_program(k), "inference"))
 
 
 def _fresh(root: Path) -> LlvmBackend:
@@ -80,10 +80,10 @@ def _leftovers(root: Path) -> list[Path]:
 def _rebuilt(root: Path, k: int = 0) -> None:
     """The program builds from scratch, computes the right thing, and leaves a good entry."""
     program = _program(k)
-    runner = _fresh(root).build(program)
+    runner = _fresh(root).build(program, "inference")
     assert runner.compiled.cached == "no"
     np.testing.assert_array_equal(_run(runner), _expected(k))
-    assert _fresh(root).build(program).compiled.cached == "disk"
+    assert _fresh(root).build(program, "inference").compiled.cached == "disk"
     assert _leftovers(root) == []
 
 
@@ -130,7 +130,7 @@ def _damaged(kind: str, good: bytes, directory: Path) -> bytes:
     "header past the end", "truncated", "empty", "wrong magic", "only magic", "one bit"])
 def test_damaged_entry_is_deleted_and_rebuilt(tmp_path: Path, kind: str) -> None:
     program = _program()
-    _fresh(tmp_path).build(program)
+    _fresh(tmp_path).build(program, "inference")
     entry = _entry(tmp_path, program)
     entry.write_bytes(_damaged(kind, entry.read_bytes(), entry.parent))
     _rebuilt(tmp_path)
@@ -138,10 +138,10 @@ def test_damaged_entry_is_deleted_and_rebuilt(tmp_path: Path, kind: str) -> None
 
 def test_unreadable_entry(tmp_path: Path) -> None:
     program = _program()
-    _fresh(tmp_path).build(program)
+    _fresh(tmp_path).build(program, "inference")
     entry = _entry(tmp_path, program)
     entry.chmod(0)
-    runner = _fresh(tmp_path).build(program)
+    runner = _fresh(tmp_path).build(program, "inference")
     # root reads a mode-000 file anyway; anyone else cannot, and rebuilds.
     assert runner.compiled.cached == ("disk" if ROOT_USER else "no")
     np.testing.assert_array_equal(_run(runner), _expected())
@@ -149,11 +149,11 @@ def test_unreadable_entry(tmp_path: Path) -> None:
 
 def test_symlinked_entry_is_not_followed(tmp_path: Path) -> None:
     program = _program()
-    _fresh(tmp_path / "a").build(program)
+    _fresh(tmp_path / "a").build(program, "inference")
     elsewhere = tmp_path / "elsewhere.entry"
     shutil.copy(_entry(tmp_path / "a", program), elsewhere)
     # Another directory's entry for the same key: valid, but reached through a link.
-    _fresh(tmp_path / "b").build(_program(1))
+    _fresh(tmp_path / "b").build(_program(1), "inference")
     link = _entry(tmp_path / "b", program)
     link.symlink_to(elsewhere)
     _rebuilt(tmp_path / "b")
@@ -162,11 +162,12 @@ def test_symlinked_entry_is_not_followed(tmp_path: Path) -> None:
 
 def test_fifo_in_place_of_an_entry_does_not_block(tmp_path: Path) -> None:
     program = _program()
-    _fresh(tmp_path).build(_program(1))  # makes the directory
+    _fresh(tmp_path).build(_program(1), "inference")  # makes the directory
     fifo = _entry(tmp_path, program)
     os.mkfifo(fifo)
     done = []
-    worker = threading.Thread(target=lambda: done.append(_fresh(tmp_path).build(program)))
+    worker = threading.Thread(
+        target=lambda: done.append(_fresh(tmp_path).build(program, "inference")))
     worker.start()
     worker.join(60)
     if worker.is_alive():  # blocked opening the FIFO: unblock it, then fail
@@ -179,25 +180,25 @@ def test_fifo_in_place_of_an_entry_does_not_block(tmp_path: Path) -> None:
 
 def test_oversized_entry_is_not_read(tmp_path: Path, monkeypatch) -> None:
     program = _program()
-    _fresh(tmp_path).build(program)
+    _fresh(tmp_path).build(program, "inference")
     entry = _entry(tmp_path, program)
     with open(entry, "r+b") as f:  # sparse: no disk space used
         f.truncate(diskcache.MAX_ENTRY_BYTES + 1)
     _rebuilt(tmp_path)
     # A valid entry over the cap is refused too, and not written again.
     monkeypatch.setattr(diskcache, "MAX_ENTRY_BYTES", 1024)
-    runner = _fresh(tmp_path).build(program)
+    runner = _fresh(tmp_path).build(program, "inference")
     assert runner.compiled.cached == "no" and not entry.exists()
 
 
 def test_directory_in_place_of_an_entry(tmp_path: Path) -> None:
     program = _program()
-    _fresh(tmp_path).build(_program(1))
+    _fresh(tmp_path).build(_program(1), "inference")
     entry = _entry(tmp_path, program)
     entry.mkdir()
     (entry / "keep").write_text("not ours to delete")
     for _ in range(2):
-        runner = _fresh(tmp_path).build(program)
+        runner = _fresh(tmp_path).build(program, "inference")
         assert runner.compiled.cached == "no"
         np.testing.assert_array_equal(_run(runner), _expected())
         assert _leftovers(tmp_path) == []  # the temporary file is cleaned up
@@ -207,11 +208,11 @@ def test_directory_in_place_of_an_entry(tmp_path: Path) -> None:
 
 
 def test_read_only_cache_directory(tmp_path: Path) -> None:
-    _fresh(tmp_path).build(_program(1))
+    _fresh(tmp_path).build(_program(1), "inference")
     directory = tmp_path / "llvm"
     directory.chmod(0o500)
     try:
-        runner = _fresh(tmp_path).build(_program())
+        runner = _fresh(tmp_path).build(_program(), "inference")
         np.testing.assert_array_equal(_run(runner), _expected())
         written = _entry(tmp_path, _program()).exists()
         assert written == ROOT_USER  # root writes anyway; anyone else keeps it in memory
@@ -227,11 +228,11 @@ def test_cache_path_that_is_a_file_warns_once_and_keeps_code_in_memory(tmp_path:
     monkeypatch.setenv("RNNC_CACHE_DIR", str(path))
     cache._CACHES.pop(path, None)
     with pytest.warns(diskcache.CacheWarning, match="cannot be used"):
-        runner = LlvmBackend().build(_program())
+        runner = LlvmBackend().build(_program(), "inference")
     np.testing.assert_array_equal(_run(runner), _expected())
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        LlvmBackend().build(_program(1))  # no second warning
+        LlvmBackend().build(_program(1), "inference")  # no second warning
     assert path.read_text() == "not a directory"
 
 
@@ -247,7 +248,7 @@ def test_directory_that_is_not_private_is_not_used(tmp_path: Path, problem: str)
         pytest.skip("only root can give a directory to another user")
     cache._CACHES.pop(root, None)
     with pytest.warns(diskcache.CacheWarning):
-        runner = LlvmBackend(cache_dir=root).build(_program())
+        runner = LlvmBackend(cache_dir=root).build(_program(), "inference")
     np.testing.assert_array_equal(_run(runner), _expected())
     assert list(root.iterdir()) == []  # nothing written, not even the subdirectory
 
@@ -261,7 +262,7 @@ from test_cache_faults import _program
 from rnnc.backends.llvm import cache
 from rnnc.backends.llvm.runtime import LlvmBackend
 cache._environment_key = lambda: sys.argv[1]
-LlvmBackend().build(_program())
+LlvmBackend().build(_program(), "inference")
 """
 
 
@@ -272,7 +273,7 @@ def test_two_processes_write_the_same_entry_at_once(tmp_path: Path, monkeypatch)
     writers = [subprocess.Popen([sys.executable, "-c", _WRITER, pinned], cwd=REPO, env=env)
                for _ in range(2)]
     assert [w.wait(timeout=300) for w in writers] == [0, 0]
-    runner = _fresh(tmp_path).build(_program())
+    runner = _fresh(tmp_path).build(_program(), "inference")
     assert runner.compiled.cached == "disk"
     np.testing.assert_array_equal(_run(runner), _expected())
     names = sorted(p.name for p in (tmp_path / "llvm").iterdir())
@@ -496,7 +497,7 @@ def _fork_and_wait(target, *args) -> tuple[multiprocessing.Process, bool]:
 
 
 def _fork_child(root: str) -> None:
-    runner = LlvmBackend(cache_dir=Path(root)).build(_fork_program())
+    runner = LlvmBackend(cache_dir=Path(root)).build(_fork_program(), "inference")
     env = {name: np.full(shape, 0.1, np.float32) for name, shape in
            ((n, tuple(4 if d == "T" else 2 if d == "B" else d for d in s))
             for n, s in runner.plan.args)}
@@ -524,7 +525,8 @@ def test_fork_while_another_thread_compiles(tmp_path: Path, monkeypatch, where: 
     root = tmp_path / "cache"
     cache._CACHES.pop(root, None)
     program = _fork_program()
-    builder = threading.Thread(target=lambda: LlvmBackend(cache_dir=root).build(program))
+    builder = threading.Thread(
+        target=lambda: LlvmBackend(cache_dir=root).build(program, "inference"))
     builder.start()
     try:
         assert compiling.wait(120)
@@ -583,7 +585,7 @@ def test_fork_while_the_same_function_compiles(monkeypatch) -> None:
 
 def _spawn_child(root: str, queue) -> None:
     program = rnnc.compile(rnnc.cells.rnn(2, 3), backend="numpy").program()
-    runner = LlvmBackend(cache_dir=Path(root)).build(program)
+    runner = LlvmBackend(cache_dir=Path(root)).build(program, "inference")
     queue.put(_run_rnn(runner))
 
 
@@ -598,7 +600,7 @@ def test_spawn_child_after_the_backend_ran(tmp_path: Path) -> None:
     cache._CACHES.pop(root, None)
     here = _run_rnn(LlvmBackend(cache_dir=root).build(rnnc.compile(rnnc.cells.rnn(2, 3),
                                                                    backend="numpy")
-                                                       .program()))
+                                                       .program(), "inference"))
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     child = context.Process(target=_spawn_child, args=(str(root), queue))

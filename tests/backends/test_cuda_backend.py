@@ -237,7 +237,7 @@ def test_layout_ops_pre_post_and_summed(fuse: bool, reverse: bool, dtype: str,
     if fuse:
         program = fuse_body(program)
         assert any(n.op.name == "fused" for n in program.scan.body.nodes())
-    got = CudaBackend(emulate=emulate).build(program)(env, {"T": T, "B": B})
+    got = CudaBackend(emulate=emulate).build(program, "inference")(env, {"T": T, "B": B})
     assert_close(got, expected, TOLERANCE[dtype])
 
 
@@ -266,7 +266,7 @@ def test_broadcasting_and_carries_passed_through(emulate: bool) -> None:
         env = program_env(program)
         dims = {"T": steps, "B": B}
         env.update(a=np.ones((steps, B, 4), np.float32), b=np.ones((steps, 1, 4), np.float32))
-        got = CudaBackend(emulate=emulate).build(program)(env, dims)
+        got = CudaBackend(emulate=emulate).build(program, "inference")(env, dims)
         assert_close(got, run_program(program, env, dims), TOLERANCE["f32"])
         for value in got.values():
             assert not any(np.shares_memory(value, v) for v in env.values())
@@ -281,7 +281,7 @@ def test_fused_bodies_match_numpy(name: str, emulate: bool) -> None:
     assert [type(s).__name__ for s in kernels].count("Launch") <= 3
     env = program_env(program)
     expected = run_program(program, env, {"T": T, "B": B})
-    got = CudaBackend(emulate=emulate).build(fused)(env, {"T": T, "B": B})
+    got = CudaBackend(emulate=emulate).build(fused, "inference")(env, {"T": T, "B": B})
     assert_close(got, expected, TOLERANCE["f32"])
 
 
@@ -333,8 +333,8 @@ def test_gpu_and_emulation_compile_the_same_source(monkeypatch: pytest.MonkeyPat
     program = CELLS["mgu"]().program()
     loaded: list[str] = []
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy(1, loaded))
-    gpu = CudaBackend().build(program)
-    emulated = CudaBackend(emulate=True).build(program)
+    gpu = CudaBackend().build(program, "inference")
+    emulated = CudaBackend(emulate=True).build(program, "inference")
     assert loaded == [gpu.source]
     assert emulated.loaded.source == loaded[0] == codegen.render(program).source
 

@@ -68,7 +68,8 @@ def test_a_new_layout_op_needs_no_cuda_change(monkeypatch: pytest.MonkeyPatch, o
     rng = np.random.default_rng(0)
     env = {f"x{i}": rng.standard_normal((T, B, w)).astype(np.float32)
            for i, w in enumerate(widths)}
-    got = CudaBackend(emulate=True).build(_program(op, widths, attrs))(env, {"T": T, "B": B})
+    runner = CudaBackend(emulate=True).build(_program(op, widths, attrs), "inference")
+    got = runner(env, {"T": T, "B": B})
     want = op.ref(*env.values(), **attrs)
     np.testing.assert_array_equal(got["z"], want)
     np.testing.assert_allclose(got["y"], np.tanh(want), rtol=1e-6)

@@ -57,7 +57,7 @@ def chunked_from_one_step(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("row", sorted(SHAPES))
 def test_chunked_kernel_matches_the_loop(row: str, dtype) -> None:
     name = "f64" if dtype == np.float64 else "f32"
-    runner = backends.get("cuda", emulate=True).build(program(row, name))
+    runner = backends.get("cuda", emulate=True).build(program(row, name), "inference")
     tol = 1e-10 if dtype == np.float64 else 1e-5
     for steps, batch in SIZES:
         env = environment(row, dtype, steps, batch)
@@ -74,7 +74,7 @@ def test_chunked_kernel_matches_the_loop(row: str, dtype) -> None:
 
 
 def test_the_host_chooses_by_steps_and_columns() -> None:
-    runner = backends.get("cuda", emulate=True).build(program("sequences", "f64"))
+    runner = backends.get("cuda", emulate=True).build(program("sequences", "f64"), "inference")
     for steps in (scan.CHUNKED_MIN_STEPS - 1, scan.CHUNKED_MIN_STEPS):
         runner(environment("sequences", np.float64, steps, 2), {"T": steps, "B": 2})
     plans = list(runner.plans.plans.values())

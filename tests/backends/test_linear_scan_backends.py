@@ -102,7 +102,7 @@ def _operands(row: str, env: dict) -> tuple:
 def test_backend_matches_the_loop(row: str, dtype, backend: str) -> None:
     name = "f64" if dtype == np.float64 else "f32"
     options = {"emulate": True} if backend == "cuda" else {}
-    runner = backends.get(backend, **options).build(program(row, name))
+    runner = backends.get(backend, **options).build(program(row, name), "inference")
     env = environment(row, dtype)
     got = runner(env, {"T": T, "B": B})
     a, b, c0 = (np.asarray(v, np.float64) for v in _operands(row, env))

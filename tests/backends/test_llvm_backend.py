@@ -230,7 +230,7 @@ def test_fused_regions_layout_ops_and_stages(reverse: bool) -> None:
     base = _fused_program(reverse)
     rng = np.random.default_rng(3)
     for dtype, program in ((np.float32, base), (np.float64, retype(base, "f64"))):
-        runner = LlvmBackend(cache_dir=False).build(program)
+        runner = LlvmBackend(cache_dir=False).build(program, "inference")
         for T, B in ((1, 1), (4, 3)):
             env = {"x": rng.standard_normal((T, B, 6)).astype(dtype),
                    "h": rng.uniform(-1, 1, (B, 3)).astype(dtype),
@@ -340,7 +340,7 @@ def test_bad_inputs_raise_or_match(T: int, B: int, seed: int, what: st.DataObjec
 def test_runner_checks_buffers_as_a_last_line() -> None:
     cell = CELLS["rnn"](2, 3)
     program = rnnc.compile(cell, optimize=False).program()
-    runner = LlvmBackend(cache_dir=False).build(program)
+    runner = LlvmBackend(cache_dir=False).build(program, "inference")
     x, params, states = data(cell, 2, 2, np.float32)
     env = {"x": x, **params, **states}
     good = runner(env, {"T": 2, "B": 2})

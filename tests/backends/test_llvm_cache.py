@@ -48,18 +48,18 @@ def _entry(root: Path) -> Path:
 
 
 def test_disk_round_trip(tmp_path: Path, program) -> None:
-    first = _fresh(tmp_path).build(program)
+    first = _fresh(tmp_path).build(program, "inference")
     assert first.compiled.cached == "no"
-    again = LlvmBackend(cache_dir=tmp_path).build(program)
+    again = LlvmBackend(cache_dir=tmp_path).build(program, "inference")
     assert again.compiled.cached == "memory"
-    loaded = _fresh(tmp_path).build(program)
+    loaded = _fresh(tmp_path).build(program, "inference")
     assert loaded.compiled.cached == "disk"
     np.testing.assert_array_equal(_run(loaded), _run(first))
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "empty", "garbage"])
 def test_damaged_entry_is_deleted_and_rebuilt(tmp_path: Path, program, damage: str) -> None:
-    expected = _run(_fresh(tmp_path).build(program))
+    expected = _run(_fresh(tmp_path).build(program, "inference"))
     entry = _entry(tmp_path)
     data = bytearray(entry.read_bytes())
     if damage == "truncate":
@@ -72,10 +72,11 @@ def test_damaged_entry_is_deleted_and_rebuilt(tmp_path: Path, program, damage: s
     else:
         data = bytearray(b"\x7fELF" + bytes(200))
     entry.write_bytes(bytes(data))
-    rebuilt = _fresh(tmp_path).build(program)
+    rebuilt = _fresh(tmp_path).build(program, "inference")
     assert rebuilt.compiled.cached == "no"
     np.testing.assert_array_equal(_run(rebuilt), expected)
-    assert _fresh(tmp_path).build(program).compiled.cached == "disk"  # the rebuilt entry
+    # the rebuilt entry
+    assert _fresh(tmp_path).build(program, "inference").compiled.cached == "disk"
 
 
 def test_key_depends_on_program_dtype_and_convention(program) -> None:
@@ -90,7 +91,7 @@ def test_key_depends_on_program_dtype_and_convention(program) -> None:
 def test_cache_dir_from_environment(tmp_path: Path, monkeypatch, program) -> None:
     monkeypatch.setenv("RNNC_CACHE_DIR", str(tmp_path / "env"))
     cache._CACHES.pop(tmp_path / "env", None)
-    LlvmBackend().build(program)
+    LlvmBackend().build(program, "inference")
     assert len(list((tmp_path / "env" / "llvm").glob("*.entry"))) == 1
 
 
@@ -257,12 +258,12 @@ def _eps_run(runner) -> np.ndarray:
 def test_swapped_entry_is_rejected(tmp_path: Path) -> None:
     """Another program's valid entry renamed to this key is never run."""
     first, second = (_eps_program(e) for e in EPSILONS)
-    _fresh(tmp_path).build(first)
+    _fresh(tmp_path).build(first, "inference")
     (entry_first,) = (tmp_path / "llvm").glob("*.entry")
-    _fresh(tmp_path).build(second)
+    _fresh(tmp_path).build(second, "inference")
     (entry_second,) = set((tmp_path / "llvm").glob("*.entry")) - {entry_first}
     shutil.copy(entry_second, entry_first)
-    runner = _fresh(tmp_path).build(first)
+    runner = _fresh(tmp_path).build(first, "inference")
     assert runner.compiled.cached == "no"
     np.testing.assert_allclose(_eps_run(runner), _eps_reference(EPSILONS[0])[0], rtol=1e-12)
 
@@ -292,14 +293,14 @@ def _rechecksummed(header: dict, payload: bytes) -> bytes:
 
 def test_edited_entry_with_recomputed_checksum_is_rejected(tmp_path: Path) -> None:
     first, second = (_eps_program(e) for e in EPSILONS)
-    _fresh(tmp_path).build(first)
+    _fresh(tmp_path).build(first, "inference")
     (entry_first,) = (tmp_path / "llvm").glob("*.entry")
-    _fresh(tmp_path).build(second)
+    _fresh(tmp_path).build(second, "inference")
     (entry_second,) = set((tmp_path / "llvm").glob("*.entry")) - {entry_first}
     header, _ = _split_entry(entry_first.read_bytes())
     _, other_code = _split_entry(entry_second.read_bytes())
     entry_first.write_bytes(_rechecksummed(header, other_code))  # this key, other code
-    runner = _fresh(tmp_path).build(first)
+    runner = _fresh(tmp_path).build(first, "inference")
     assert runner.compiled.cached == "no"
     np.testing.assert_allclose(_eps_run(runner), _eps_reference(EPSILONS[0])[0], rtol=1e-12)
 
@@ -326,7 +327,7 @@ def test_crafted_buffer_plan_is_rejected_without_running(tmp_path: Path, program
     signed plan is otherwise the one codegen made for this key: the key covers the program,
     the calling convention and every code generator.)"""
     backend = _fresh(tmp_path)
-    expected = _run(backend.build(program))
+    expected = _run(backend.build(program, "inference"))
     entry = _entry(tmp_path)
     header, obj = _split_entry(entry.read_bytes())
     plan = _craft(header["meta"]["plan"], craft)
@@ -334,7 +335,7 @@ def test_crafted_buffer_plan_is_rejected_without_running(tmp_path: Path, program
         assert backend.cache.disk.store(header["key"], header["fingerprint"], {"plan": plan}, obj)
     else:
         entry.write_bytes(_rechecksummed(dict(header, meta={"plan": plan}), obj))
-    runner = _fresh(tmp_path).build(program)
+    runner = _fresh(tmp_path).build(program, "inference")
     assert runner.compiled.cached == "no"
     np.testing.assert_array_equal(_run(runner), expected)
 
@@ -366,14 +367,15 @@ def _scaled_rnn(k: int) -> rnnc.Cell:
 def test_memory_cache_is_a_bounded_lru(tmp_path: Path) -> None:
     programs = [rnnc.compile(_scaled_rnn(k), backend="numpy").program() for k in range(4)]
     backend = _fresh(tmp_path)
-    runners = [backend.build(p) for p in programs[:2]]
+    runners = [backend.build(p, "inference") for p in programs[:2]]
     sizes = sorted(c.nbytes for c in backend.cache._memory.values())
     backend.cache.set_limit(sum(sizes) + sizes[0] // 2)  # two entries, not three
-    assert backend.build(programs[0]).compiled.cached == "memory"  # now most recently used
-    backend.build(programs[2])  # evicts programs[1], the least recently used
+    # now most recently used
+    assert backend.build(programs[0], "inference").compiled.cached == "memory"
+    backend.build(programs[2], "inference")  # evicts programs[1], the least recently used
     assert backend.cache.bytes <= backend.cache.limit
-    assert backend.build(programs[0]).compiled.cached == "memory"
-    assert backend.build(programs[1]).compiled.cached == "disk"
+    assert backend.build(programs[0], "inference").compiled.cached == "memory"
+    assert backend.build(programs[1], "inference").compiled.cached == "disk"
     # A runner whose code left the cache keeps its own engine and still runs.
     env = {"x": np.ones((2, 1, 2), np.float32), "h": np.zeros((1, 3), np.float32),
            "W": np.ones((2, 3), np.float32)}
@@ -411,7 +413,8 @@ def test_tuning_file_follows_the_cache_directory(tmp_path: Path, monkeypatch) ->
     monkeypatch.setattr(autotune, "_CHOICES", {})
     backend = _fresh(tmp_path / "explicit")
     backend.libraries = [library, twin]
-    runner = backend.build(rnnc.compile(rnnc.cells.rnn(8, 16), backend="numpy").program())
+    program = rnnc.compile(rnnc.cells.rnn(8, 16), backend="numpy").program()
+    runner = backend.build(program, "inference")
     runner.gemm_choice(64, 32)
     assert (tmp_path / "explicit" / "blas.json").is_file()
     assert not (tmp_path / "env" / "blas.json").exists()

@@ -65,7 +65,7 @@ def _reference(x: np.ndarray, h: np.ndarray, by: int = 2) -> dict[str, np.ndarra
 
 @pytest.mark.parametrize("width", [3, 8])
 def test_layout_ops_unknown_to_the_backend_follow_their_pieces(width: int) -> None:
-    runner = LlvmBackend(cache_dir=False).build(_program(width))
+    runner = LlvmBackend(cache_dir=False).build(_program(width), "inference")
     rng = np.random.default_rng(width)
     for T, B in ((1, 1), (4, 3)):
         x, h = rng.standard_normal((T, B, width)), rng.standard_normal((B, width))

@@ -109,7 +109,7 @@ def test_hand_built_scans_split_over_steps(row: str, dtype, steps: int, team_cal
     tol = 1e-12 if dtype == np.float64 else 2e-5
     for threads in (2, 3):
         runner = rnnc.backends.get("llvm", threads=threads, team=True, cache_dir=False).build(
-            program(row, "f64" if dtype == np.float64 else "f32"))
+            program(row, "f64" if dtype == np.float64 else "f32"), "inference")
         assert runner.scan_form(3, steps) == "steps"
         got = runner(env, {"T": steps, "B": 3})
         for k, attrs in enumerate(ATTRS):
@@ -161,6 +161,6 @@ def test_form_at_the_default_thresholds(monkeypatch) -> None:
     for hidden, form, first in ((512, "steps", 16384), (2048, "columns", 1024)):
         cell = rnnc.cells.min_gru(hidden, hidden)
         fn = rnnc.compile(cell, backend="llvm", parallel_scan=True, threads=2, cache_dir=False)
-        runner = backend.build(fn.program("inference", "f32"))
+        runner = backend.build(fn.program("inference", "f32"), "inference")
         assert runner.scan_form(1, first) == form
         assert runner.team_size(1, first) == 2 and runner.team_size(1, first - 1) == 1

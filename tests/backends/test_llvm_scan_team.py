@@ -93,7 +93,7 @@ def test_hand_built_scans_split_by_columns(row: str, dtype, team_calls) -> None:
     first = None
     for threads in THREADS:
         runner = rnnc.backends.get("llvm", threads=threads, team=True, cache_dir=False).build(
-            program(row, "f64" if dtype == np.float64 else "f32"))
+            program(row, "f64" if dtype == np.float64 else "f32"), "inference")
         got = runner(env, {"T": 6, "B": 3})
         first = got if first is None else first
         tol = 1e-12 if dtype == np.float64 else 2e-5
@@ -134,7 +134,7 @@ def test_programs_without_scans_decide_as_before(monkeypatch) -> None:
     lstm = rnnc.compile(rnnc.cells.lstm(4, 32), backend="llvm", threads=2, team=True,
                         cache_dir=False).program("inference")
     assert split.scan_work(lstm) == (0, 0)
-    runner = runtime.LlvmBackend(threads=2, team=True, cache_dir=False).build(lstm)
+    runner = runtime.LlvmBackend(threads=2, team=True, cache_dir=False).build(lstm, "inference")
     work = runner.team_work
     assert work > 0
     for rows in (1, 7, 300):

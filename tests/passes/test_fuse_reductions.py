@@ -284,7 +284,7 @@ def test_regions_without_one_row_shape_run_everywhere(backend: str) -> None:
     for dtype in (np.float32, np.float64):
         program = fused if dtype == np.float32 else retype(fused, "f64")
         oracle = base if dtype == np.float32 else retype(base, "f64")
-        runner = make(**options).build(program)
+        runner = make(**options).build(program, "inference")
         for T, B in ((1, 1), (3, 2)):
             env = {"x": rng.standard_normal((T, B, 4)).astype(dtype),
                    "h": rng.uniform(-1, 1, (B, 4)).astype(dtype),

@@ -120,8 +120,8 @@ class _Faulty(NumpyBackend):
 
     name = "faulty"
 
-    def build(self, program):
-        run = super().build(program)
+    def build(self, program, mode):
+        run = super().build(program, mode)
 
         def wrong(env, dims):
             out = run(env, dims)
@@ -191,8 +191,8 @@ class _Float32Faulty(NumpyBackend):
 
     name = "faulty32"
 
-    def build(self, program):
-        run = super().build(program)
+    def build(self, program, mode):
+        run = super().build(program, mode)
         if program.dtype != "f32":
             return run
 
