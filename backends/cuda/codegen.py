@@ -3,7 +3,7 @@
 A region that reduces over the feature axis gets a kernel with one thread per row
 (:mod:`.rows`), any other one thread per element (:mod:`.kernels`).
 
-:func:`render` walks the program's schedule (:mod:`rnnc.backends.schedule`) and gives each
+:func:`render` walks the program's schedule (:mod:`rnnc.backends.steps`) and gives each
 step that does work a :class:`Launch` of a kernel (written by :mod:`.kernels`) or a
 :class:`Gemm`. Matmuls are not kernels: the runtime runs them as GEMMs, except a loop body's
 product that a fused step computes together with the region reading it (:mod:`.fused_step`):
@@ -34,7 +34,7 @@ from rnnc.backends.cuda.persistent import PersistentKernel, persistent_kernel
 from rnnc.backends.cuda.rows import row_kernel_source, row_shape
 from rnnc.backends.cuda.rules import CudaRenderer
 from rnnc.backends.cuda.scan import chunked_kernel, scan_kernel
-from rnnc.backends.schedule import GraphSchedule, ProgramSchedule, Step, schedule_program
+from rnnc.backends.steps import GraphSteps, ProgramSteps, Step, program_steps
 from rnnc.ir import ARG, FUSED, GET, Graph, Node, Program, Shape
 
 BLOCK = 256  # threads per block; one-thread-per-element kernels do not need tuning here
@@ -156,7 +156,7 @@ class _Kernels:
                       per_row)
 
 
-def graph_steps(graph: GraphSchedule, kernels: _Kernels,
+def graph_steps(graph: GraphSteps, kernels: _Kernels,
                 pairs: Mapping[int, Pair] | None = None) -> list[Work]:
     """The launches and GEMMs of one graph, in schedule order; a region in ``pairs`` (by its
     slot) becomes a fused step with its product, at the region's place."""
@@ -188,7 +188,7 @@ def graph_steps(graph: GraphSchedule, kernels: _Kernels,
     return steps
 
 
-def render(program: Program | ProgramSchedule, prefix: str = "k_", fused_step: str = "auto"
+def render(program: Program | ProgramSteps, prefix: str = "k_", fused_step: str = "auto"
            ) -> Module:
     """The kernel source and steps of ``program``; deterministic for a given program.
 
@@ -199,7 +199,7 @@ def render(program: Program | ProgramSchedule, prefix: str = "k_", fused_step: s
     """
     if isinstance(program, Program):
         fused_step = fused_mode(program, fused_step)
-    schedule = program if isinstance(program, ProgramSchedule) else schedule_program(program)
+    schedule = program if isinstance(program, ProgramSteps) else program_steps(program)
     renderer = CudaRenderer(schedule.dtype)
     kernels = _Kernels(renderer, prefix)
     module = Module(schedule.dtype, "", [])

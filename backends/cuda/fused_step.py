@@ -35,7 +35,7 @@ from rnnc import ops
 from rnnc.backends.cuda.fused_tile import Tile, choose_tile, tile_function
 from rnnc.backends.cuda.kernels import KernelWriter, Scope, width
 from rnnc.backends.cuda.rules import CudaRenderer
-from rnnc.backends.schedule import GraphSchedule, Step
+from rnnc.backends.steps import GraphSteps, Step
 from rnnc.backends.units import unit_width
 from rnnc.errors import RnncValueError
 from rnnc.ir import FUSED, Graph, Program, Shape
@@ -89,7 +89,7 @@ class FusedStep:
     fused: bool = True  # results form a tuple that ``get`` nodes pick from, like a Launch's
 
 
-def fused_pairs(body: GraphSchedule, dtype: str) -> dict[int, Pair]:
+def fused_pairs(body: GraphSteps, dtype: str) -> dict[int, Pair]:
     """The fusable pairs of a loop body, by the region's slot (see the module doc)."""
     readers: dict[int, list[Step]] = {}
     for step in body.steps:

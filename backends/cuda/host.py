@@ -2,7 +2,7 @@
 
 Written against an array module ``xp`` (CuPy on a GPU, NumPy in emulation) and kernels with
 CuPy's ``RawKernel`` calling convention. :meth:`Host.plan` walks the schedule
-(:mod:`rnnc.backends.schedule`) once per shape and records every launch into a
+(:mod:`rnnc.backends.steps`) once per shape and records every launch into a
 :class:`~.plan.Plan`; each step that does work has a :class:`~.codegen.Launch` or
 :class:`~.codegen.Gemm` from code generation. Where the loop body's results live is decided
 once per program (:class:`ScanPlan`): body values live in two buffers used on alternate steps,
@@ -42,7 +42,7 @@ from rnnc.backends.cuda.plan import (
     at_step,
 )
 from rnnc.backends.cuda.scan import chunked_geometry
-from rnnc.backends.schedule import GraphSchedule, ProgramSchedule, resolve
+from rnnc.backends.steps import GraphSteps, ProgramSteps, resolve
 from rnnc.ir import ARG, GET, Shape
 
 MAX_BLOCKS = 8192  # grid-stride loops cover the rest; enough blocks to fill any current GPU
@@ -85,7 +85,7 @@ class ScanPlan:
     behind: dict[str, str]
 
 
-def plan_scan(body: GraphSchedule, steps: list[Work], stacked: tuple[str, ...],
+def plan_scan(body: GraphSteps, steps: list[Work], stacked: tuple[str, ...],
               carries: tuple[str, ...]) -> ScanPlan:
     """The buffer plan of a loop body whose work is ``steps``."""
     made = {(s.node, k): shape for s in steps for k, shape in
@@ -117,7 +117,7 @@ def plan_scan(body: GraphSchedule, steps: list[Work], stacked: tuple[str, ...],
 class Host:
     """Runs one program's schedule over device arrays with its loaded kernels."""
 
-    def __init__(self, xp: Any, schedule: ProgramSchedule, module: Module,
+    def __init__(self, xp: Any, schedule: ProgramSteps, module: Module,
                  kernels: Mapping[str, Any], fused: bool = True,
                  persistent: PersistentLaunch | None = None) -> None:
         self.xp = xp
@@ -155,7 +155,7 @@ class Host:
         plan.results = {name: env[name] for name in schedule.results}
         return plan
 
-    def run_graph(self, plan: Plan | Loop, at: Entry, graph: GraphSchedule,
+    def run_graph(self, plan: Plan | Loop, at: Entry, graph: GraphSteps,
                   env: Mapping[str, Any], dims: Mapping[str, int], destination: Destination
                   ) -> dict[str, Any]:
         """Record one graph (``at``: where; the loop body into the plan's loop, once);

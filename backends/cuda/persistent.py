@@ -57,7 +57,7 @@ from rnnc.backends.cuda.fused_tile import (
 from rnnc.backends.cuda.kernels import width
 from rnnc.backends.cuda.plan import Entry, Plan
 from rnnc.backends.cuda.rules import CudaRenderer
-from rnnc.backends.schedule import ProgramSchedule, Step, resolve
+from rnnc.backends.steps import ProgramSteps, Step, resolve
 from rnnc.ir import ARG, GET, Shape
 
 KERNEL = "persistent"
@@ -116,7 +116,7 @@ def persistent_tile(H: int, G: int, K: int, itemsize: int) -> Tile | None:
     return None
 
 
-def _analyse(schedule: ProgramSchedule, fused: FusedStep) -> tuple | None:
+def _analyse(schedule: ProgramSteps, fused: FusedStep) -> tuple | None:
     """The operands and per-result history flags of a qualifying body, else None."""
     scan, body = schedule.scan, schedule.body
     steps = {s.slot: s for s in body.steps}
@@ -171,7 +171,7 @@ def _operand(step: Step, seqs: tuple[str, ...], consts: tuple[str, ...],
     return None
 
 
-def persistent_kernel(schedule: ProgramSchedule, body: list, renderer: CudaRenderer,
+def persistent_kernel(schedule: ProgramSteps, body: list, renderer: CudaRenderer,
                       name: str = KERNEL) -> PersistentKernel | None:
     """The persistent kernel of a program whose rendered loop ``body`` is one fused step, or
     None where it does not qualify (module doc)."""
@@ -286,7 +286,7 @@ def resident_blocks(cupy: Any, kernel: Any, threads: int) -> int:
 
 
 def record_persistent(kernel: PersistentKernel, function: Any, resident: int, plan: Plan,
-                      schedule: ProgramSchedule, env: Mapping[str, Any],
+                      schedule: ProgramSteps, env: Mapping[str, Any],
                       dims: Mapping[str, int], empty: Callable[[tuple[int, ...]], Any],
                       out: dict[str, Any], constants: Mapping[int, Any]) -> bool:
     """Record the whole loop as one cooperative launch of ``function`` (the loaded kernel)
@@ -322,7 +322,7 @@ def record_persistent(kernel: PersistentKernel, function: Any, resident: int, pl
     return True
 
 
-def _record_after(kernel: PersistentKernel, plan: Plan, schedule: ProgramSchedule,
+def _record_after(kernel: PersistentKernel, plan: Plan, schedule: ProgramSteps,
                   initial: Mapping[str, Any], results: list[Any], out: dict[str, Any],
                   T: int) -> None:
     """The copies after the kernel: a stacked output that another one's array holds, saved

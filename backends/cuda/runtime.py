@@ -63,7 +63,7 @@ from rnnc.backends.cuda.fused_step import check_mode
 from rnnc.backends.cuda.host import Host
 from rnnc.backends.cuda.persistent import PersistentLaunch, resident_blocks
 from rnnc.backends.cuda.plan import Plan, Plans, shape_key
-from rnnc.backends.schedule import ProgramSchedule, schedule_program
+from rnnc.backends.steps import ProgramSteps, program_steps
 from rnnc.errors import BackendUnavailable, RnncValueError
 from rnnc.ir import Program
 
@@ -149,7 +149,7 @@ class Runner:
     (:mod:`.autotune`)."""
 
     def __init__(self, backend: CudaBackend, program: Program, mode: str) -> None:
-        schedule = schedule_program(program)
+        schedule = program_steps(program)
         self.backend = backend
         self.dtype = schedule.numpy_dtype
         # TF32 GEMMs (backends/cuda/precision.py): float32 programs only. The fused kernel
@@ -350,7 +350,7 @@ class Runner:
         return stream.end_capture()
 
 
-def _hosts(xp: Any, schedule: ProgramSchedule, module: Module, kernels: Mapping[str, Any]
+def _hosts(xp: Any, schedule: ProgramSteps, module: Module, kernels: Mapping[str, Any]
            ) -> dict[str, Host]:
     """A host per path ``module`` renders: "fused" (its steps hold a fused step) and "gemm"
     (no fused step, or the GEMM body ``fused_step="auto"`` keeps beside it)."""

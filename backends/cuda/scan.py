@@ -52,7 +52,7 @@ from collections.abc import Mapping
 from rnnc import ops
 from rnnc.backends.cuda.kernels import product
 from rnnc.backends.cuda.rules import CudaRenderer
-from rnnc.backends.schedule import Step
+from rnnc.backends.steps import Step
 from rnnc.ir import Node, Shape
 
 # Untuned until measured on a GPU. 32 columns: one warp reads 32 adjacent elements of a step

@@ -29,7 +29,7 @@ from rnnc.backends.llvm.region import KERNEL_NODES
 from rnnc.backends.llvm.rules import RULES
 from rnnc.backends.llvm.split import panel_work, unit_readers
 from rnnc.backends.llvm.team import Team
-from rnnc.backends.schedule import GraphSchedule, Step, schedule_program
+from rnnc.backends.steps import GraphSteps, Step, program_steps
 from rnnc.ir import ARG, FUSED, GET, Node, Program
 
 _FUNCTION_ATTRIBUTES = '"prefer-vector-width"="512" "min-legal-vector-width"="512"'
@@ -61,7 +61,7 @@ class Lowering:
     def __init__(self, program: Program, convention: Convention, team: bool = False,
                  one_core: bool = False, units: bool = False,
                  scan_limits: tuple[int, int] | None = None) -> None:
-        self.schedule = schedule_program(program)
+        self.schedule = program_steps(program)
         shapes = env_shapes(program)
         plan = Plan(program.dtype, tuple((n, t.shape) for n, (_, t) in program.args.items()),
                     tuple((n, shapes[n]) for n in program.results))
@@ -107,7 +107,7 @@ class Lowering:
         return None
 
     # -- graphs
-    def lower_graph(self, graph: GraphSchedule, bound: Mapping[str, Buffer],
+    def lower_graph(self, graph: GraphSteps, bound: Mapping[str, Buffer],
                     dests: Mapping[str, Buffer | None], reuse: bool = False
                     ) -> dict[str, Buffer]:
         """Emit ``graph``; return the buffer of each output (``dests`` entries are honoured).
@@ -136,7 +136,7 @@ class Lowering:
         self.ctx.nodes, self.redirect, self.reusable, self.owned = saved
         return out
 
-    def _emit_steps(self, graph: GraphSchedule, bound: Mapping[str, Buffer], reuse: bool
+    def _emit_steps(self, graph: GraphSteps, bound: Mapping[str, Buffer], reuse: bool
                     ) -> dict[int, Any]:
         """Emit every step an output of ``graph`` needs; the value (a buffer, or a fused
         node's tuple of buffers) of each, by node id."""
@@ -360,7 +360,7 @@ class Lowering:
         return slots
 
 
-def _redirects(graph: GraphSchedule, nodes: Mapping[int, Node],
+def _redirects(graph: GraphSteps, nodes: Mapping[int, Node],
                dests: Mapping[str, Buffer | None]) -> dict[tuple[int, int], Buffer]:
     """The destination of each node result that is an output of ``graph`` with one, by
     (node id, result index); the first output claims a result, and args keep their own."""
@@ -372,7 +372,7 @@ def _redirects(graph: GraphSchedule, nodes: Mapping[int, Node],
     return redirect
 
 
-def _needed(graph: GraphSchedule) -> set[int]:
+def _needed(graph: GraphSteps) -> set[int]:
     """The nodes some output of ``graph`` depends on: one walk from all outputs at once."""
     inputs = {step.slot: step.inputs for step in graph.steps}
     needed: set[int] = set()

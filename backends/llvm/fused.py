@@ -47,7 +47,7 @@ from rnnc.backends.llvm.region import (
     emit_region,
     per_element,
 )
-from rnnc.backends.schedule import GraphSchedule
+from rnnc.backends.steps import GraphSteps
 from rnnc.errors import ShapeError
 from rnnc.ir import ARG, Node
 from rnnc.op_rules import broadcast_shapes
@@ -266,7 +266,7 @@ def emit_rows(ctx: Context, nodes: Mapping[int, Node], members: list[int],
     _RowKernel(ctx, nodes, members, leaves, outputs, rows).emit()
 
 
-def fusible(region: GraphSchedule) -> bool:
+def fusible(region: GraphSteps) -> bool:
     """Whether :func:`emit_fused` can compute ``region``: each op per element or a reduction
     over the feature axis, and where it reduces, a row shape for all of it."""
     nodes = [step.node for step in region.steps if step.op is not ARG]
@@ -275,7 +275,7 @@ def fusible(region: GraphSchedule) -> bool:
     return not reduces(nodes) or row_shape(nodes) is not None
 
 
-def per_element_nest(region: GraphSchedule) -> bool:
+def per_element_nest(region: GraphSteps) -> bool:
     """Whether :func:`emit_fused` computes ``region`` as one nest of per-element loops, which
     a span of columns can restrict (no value goes through a workspace slot or a row's
     reduction, either of which another column would read)."""
@@ -292,7 +292,7 @@ def _emit_part(ctx: Context, nodes: Mapping[int, Node], members: list[int],
         emit_region(ctx, nodes, leaves, outputs, "fused", span)
 
 
-def emit_fused(ctx: Context, region: GraphSchedule, leaves: dict[int, Buffer],
+def emit_fused(ctx: Context, region: GraphSteps, leaves: dict[int, Buffer],
                outputs: dict[int, Buffer], span: Span | None = None) -> None:
     """Emit a :func:`fusible` region as loops of at most ``KERNEL_NODES`` nodes each; with
     ``span`` (a :func:`per_element_nest` region), only at the span's columns of each output.

@@ -32,7 +32,7 @@ from llvmlite import ir
 from rnnc.backends.llvm import blas, mathlib
 from rnnc.backends.llvm.context import I8, I8P, I32, I64, Buffer, Context
 from rnnc.backends.llvm.kernels import Kernel, emit_loop
-from rnnc.backends.schedule import NUMPY_DTYPES
+from rnnc.backends.steps import NUMPY_DTYPES
 
 # Up to this many rows, a GEMM runs in the axpy-form kernel instead of the BLAS.
 SMALL_ROWS = 2

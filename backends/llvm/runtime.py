@@ -46,7 +46,7 @@ from rnnc import backends, diskcache, process
 from rnnc.backends.llvm import autotune, cache, codegen, gemm, pool, scan_chunks, split
 from rnnc.backends.llvm import blas as blas_lib
 from rnnc.backends.llvm.context import Plan
-from rnnc.backends.schedule import NUMPY_DTYPES, resolve
+from rnnc.backends.steps import NUMPY_DTYPES, resolve
 from rnnc.errors import BackendUnavailable, RnncTypeError, RnncValueError
 from rnnc.fingerprint import fingerprint
 from rnnc.ir import Program

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from rnnc import ops
 from rnnc.backends.llvm import mathlib, scan_chunks
 from rnnc.backends.llvm.fused import per_element_nest
-from rnnc.backends.schedule import Step, schedule_program
+from rnnc.backends.steps import Step, program_steps
 from rnnc.backends.units import unit_width
 from rnnc.ir import FUSED, Node, Program
 
@@ -70,7 +70,7 @@ def unit_readers(steps: Sequence[Step], width: int) -> dict[int, tuple[int, int]
 def team_work(program: Program) -> int:
     """The multiply-adds per batch row and step of the step body's products that a thread
     team splits; 0: a team build would run every product on one thread."""
-    body = schedule_program(program).body
+    body = program_steps(program).body
     width = 2 * mathlib.vector_width(64 if program.dtype == "f64" else 32)
     nodes = {step.slot: step.node for step in body.steps}
     return sum(panel_work(step.node, nodes[step.inputs[0]].shape, nodes[step.inputs[1]].shape,
@@ -82,7 +82,7 @@ def scan_work(program: Program) -> tuple[int, int]:
     ``linear_scan`` nodes, which a team build splits by columns (the sum of each result's
     fixed dims: its features), and the features of the narrowest of them. (0, 0): none, or
     one with a dim known only at call time beyond ``T`` and ``B``."""
-    schedule = schedule_program(program)
+    schedule = program_steps(program)
     widths = []
     for graph in (schedule.pre, schedule.post):
         for step in graph.steps:

@@ -1,6 +1,6 @@
 """Interpret a program step by step with NumPy.
 
-The runner walks the program's schedule (:mod:`rnnc.backends.schedule`), built once per
+The runner walks the program's schedule (:mod:`rnnc.backends.steps`), built once per
 program, so the interpreter's loop never walks the IR. A fused node, in the loop or outside it,
 is interpreted node by node over its region's schedule (a reduction inside it included).
 """
@@ -15,12 +15,12 @@ import numpy as np
 from rnnc import ops
 from rnnc.backends import Runner
 from rnnc.backends.numpy.rules import RULES
-from rnnc.backends.schedule import GraphSchedule, ProgramSchedule, resolve, schedule_program
+from rnnc.backends.steps import GraphSteps, ProgramSteps, program_steps, resolve
 from rnnc.errors import RnncValueError
 from rnnc.ir import ARG, FUSED, GET, Program
 
 
-def run_graph(graph: GraphSchedule, env: Mapping[str, np.ndarray], dtype: Any
+def run_graph(graph: GraphSteps, env: Mapping[str, np.ndarray], dtype: Any
               ) -> dict[str, np.ndarray]:
     """Evaluate ``graph`` reading its args from ``env``; its outputs by name."""
     vals: dict[int, Any] = {}
@@ -42,7 +42,7 @@ def run_graph(graph: GraphSchedule, env: Mapping[str, np.ndarray], dtype: Any
     return {name: vals[output.slot] for name, output in graph.outputs.items()}
 
 
-def run_scan(schedule: ProgramSchedule, env: Mapping[str, np.ndarray],
+def run_scan(schedule: ProgramSteps, env: Mapping[str, np.ndarray],
              dims: Mapping[str, int]) -> dict[str, np.ndarray]:
     """Run the loop; return stacked outputs, summed outputs and final carries by name."""
     scan, body, dtype = schedule.scan, schedule.body, schedule.numpy_dtype
@@ -76,7 +76,7 @@ class NumpyRunner(Runner):
     keeps the protocol's :meth:`~rnnc.backends.Runner.on_device`, which refuses."""
 
     def __init__(self, p: Program) -> None:
-        self.schedule = schedule_program(p)
+        self.schedule = program_steps(p)
 
     def __call__(self, env: Mapping[str, np.ndarray], dims: Mapping[str, int]
                  ) -> dict[str, np.ndarray]:

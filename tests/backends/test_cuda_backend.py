@@ -19,7 +19,7 @@ from rnnc import ops
 from rnnc.backends.cuda import codegen
 from rnnc.backends.cuda.runtime import CudaBackend
 from rnnc.backends.numpy.runtime import run_program
-from rnnc.backends.schedule import NUMPY_DTYPES
+from rnnc.backends.steps import NUMPY_DTYPES
 from rnnc.composites import layer_norm
 from rnnc.errors import BackendUnavailable, RnncValueError
 from rnnc.ir import Carry, Graph, Program, Scan, Type, verify

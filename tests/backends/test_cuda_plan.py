@@ -92,7 +92,7 @@ def test_a_call_only_replays_its_plan(mode: str) -> None:
     run()
     stats = _profiled(run)
     assert _entered(stats, "backends/cuda/host.py") == 0
-    assert _entered(stats, "backends/schedule.py") == 0
+    assert _entered(stats, "backends/steps.py") == 0
     assert _entered(stats, "networkx") == 0
     launches = sum(calls for (path, _, name), (calls, *_) in stats.stats.items()  # type: ignore[attr-defined]
                    if name == "__call__" and path.endswith("cuda/launch.py"))

@@ -25,7 +25,7 @@ pytest.importorskip("llvmlite")
 import rnnc  # noqa: E402
 from rnnc import ops  # noqa: E402
 from rnnc.backends.llvm import codegen, runtime, scan_chunks, split  # noqa: E402
-from rnnc.backends.schedule import schedule_program  # noqa: E402
+from rnnc.backends.steps import program_steps  # noqa: E402
 from tests.backends import scan_cells  # noqa: E402
 from tests.backends import test_llvm_scan_team as scan_team  # noqa: E402
 from tests.backends.test_linear_scan_backends import (  # noqa: E402
@@ -124,7 +124,7 @@ def test_hand_built_scans_split_over_steps(row: str, dtype, steps: int, team_cal
 @pytest.mark.parametrize("mode", ["inference", "forward", "backward"])
 def test_every_scan_of_a_team_build_can_take_the_steps_form(mode: str) -> None:
     program = function("min_lstm", False, 2).program(mode)
-    schedule = schedule_program(program)
+    schedule = program_steps(program)
     scans = sum(step.op is ops.linear_scan for graph in (schedule.pre, schedule.post)
                 for step in graph.steps)
     assert scans > 0

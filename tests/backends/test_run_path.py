@@ -2,7 +2,7 @@
 
 A call is profiled and every function entered inside networkx (the IR's graph store) is
 counted: no run path enters any. Every backend walks the schedule of
-:mod:`rnnc.backends.schedule`, and the CUDA host plans the loop's buffers when it is built.
+:mod:`rnnc.backends.steps`, and the CUDA host plans the loop's buffers when it is built.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import pytest
 import rnnc
 from rnnc import backends  # noqa: F401  (rnnc.backends is the backends/ package)
 from rnnc.backends.numpy.runtime import run_graph
-from rnnc.backends.schedule import schedule_program
+from rnnc.backends.steps import program_steps
 from rnnc.backends.units import column_reads, unit_width
 from rnnc.ir import FUSED
 
@@ -23,7 +23,7 @@ from rnnc.ir import FUSED
 def _epilogue(cell: rnnc.Cell, mode: str = "inference"):
     """The first fused step of the loop body that reads a matmul, and that operand's name."""
     program = rnnc.compile(cell, backend="numpy").program(mode, "f64")
-    body = schedule_program(program).body
+    body = program_steps(program).body
     products = {s.slot for s in body.steps if s.op is rnnc.ops.matmul}
     for step in body.steps:
         if step.op is FUSED and products & set(step.inputs):

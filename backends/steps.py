@@ -1,16 +1,16 @@
 """A program as flat step lists, built once at compile time, that every backend walks.
 
-Nothing walks the IR while a compiled program runs: a backend calls :func:`schedule_program`
+Nothing walks the IR while a compiled program runs: a backend calls :func:`program_steps`
 when it builds a runner and afterwards only indexes the result. The API::
 
-    schedule = schedule_program(program)     # ProgramSchedule: pre, body, post, scan, ...
-    for step in schedule.pre.steps:          # Step: one node, operands before users
+    steps = program_steps(program)        # ProgramSteps: pre, body, post, scan, ...
+    for step in steps.pre.steps:             # Step: one node, operands before users
         step.slot, step.op, step.inputs      # the value's slot (node id), its op, slots read
         step.attrs, step.name                # its attributes; an arg: the name it reads
-        step.region                          # a ``fused`` step: the region's GraphSchedule
+        step.region                          # a ``fused`` step: the region's GraphSteps
         step.node                            # the IR node itself (its type), for rules
-    schedule.body.args                       # arg names in node order (a region's operands)
-    schedule.body.outputs["h"]               # Output: slot, source (node, index), shape
+    steps.body.args                          # arg names in node order (a region's operands)
+    steps.body.outputs["h"]                  # Output: slot, source (node, index), shape
 
 A ``fused`` step may appear in any of the three graphs (outside the loop its region maps whole
 ``[T,B,n]`` sequences); its region is scheduled once, with the step.
@@ -52,7 +52,7 @@ class Step:
     inputs: tuple[int, ...]
     attrs: dict[str, Any]
     name: str | None  # an arg: the environment name it reads
-    region: GraphSchedule | None  # a fused node's region
+    region: GraphSteps | None  # a fused node's region
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class Output:
 
 
 @dataclass(frozen=True)
-class GraphSchedule:
+class GraphSteps:
     """One graph's steps in a deterministic topological order, its args and its outputs."""
 
     steps: tuple[Step, ...]
@@ -74,12 +74,12 @@ class GraphSchedule:
 
 
 @dataclass(frozen=True)
-class ProgramSchedule:
+class ProgramSteps:
     """A whole program: the three graphs' schedules and the loop's names."""
 
-    pre: GraphSchedule
-    body: GraphSchedule
-    post: GraphSchedule
+    pre: GraphSteps
+    body: GraphSteps
+    post: GraphSteps
     scan: Scan  # seqs, consts, carries, stacked, summed, reverse; its body is not walked
     results: tuple[str, ...]
     dtype: str
@@ -96,7 +96,7 @@ def _step(node: Node) -> Step:
     return Step(node, node.id, node.op, node.inputs, dict(node.attrs), name, region)
 
 
-def schedule_graph(g: Graph) -> GraphSchedule:
+def schedule_graph(g: Graph) -> GraphSteps:
     """``g`` (and each fused region in it) as a schedule."""
     steps = tuple(_step(node) for node in g.nodes())
     by_slot = {step.slot: step.node for step in steps}
@@ -106,10 +106,10 @@ def schedule_graph(g: Graph) -> GraphSchedule:
         source = (node.inputs[0], node.attrs["index"]) if node.op is GET else (slot, 0)
         outputs[name] = Output(slot, source, node.shape)
     args = tuple(by_slot[s].attrs["name"] for s in sorted(by_slot) if by_slot[s].op is ARG)
-    return GraphSchedule(steps, args, outputs)
+    return GraphSteps(steps, args, outputs)
 
 
-def schedule_program(program: Program) -> ProgramSchedule:
+def program_steps(program: Program) -> ProgramSteps:
     """The schedules of ``program``'s pre, body and post graphs."""
     pre, body, post = (schedule_graph(g) for g in program.graphs())
-    return ProgramSchedule(pre, body, post, program.scan, program.results, program.dtype)
+    return ProgramSteps(pre, body, post, program.scan, program.results, program.dtype)
