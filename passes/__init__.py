@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterable
 
 from rnnc import process
 from rnnc.errors import RnncValueError
-from rnnc.ir import Program, verify
+from rnnc.ir import Program
+from rnnc.verify import verify
 
 Pass = Callable[[Program], Program]
 Callback = Callable[[str, Program, float], None]

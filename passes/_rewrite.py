@@ -23,10 +23,10 @@ def env_names(p: Program) -> set[str]:
     return names
 
 
-def arg_of(g: Graph, name: str, shape: tuple, role: str, origin: str) -> int:
+def arg_of(g: Graph, name: str, shape: tuple, origin: str) -> int:
     """The input node of ``g`` named ``name``, made if missing."""
     have = g.input_node(name)
-    return have if have is not None else g.arg(name, shape, role, origin)
+    return have if have is not None else g.arg(name, shape, origin)
 
 
 def remove_dead(g: Graph, keep_args: Iterable[str] = ()) -> None:

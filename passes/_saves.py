@@ -1,24 +1,16 @@
 """Save plans: which values a training forward stacks for its backward (``save.N``), recorded
-by each autodiff pass in ``program.meta`` and checked before a backend builds a program that
-reads or writes them."""
+by each autodiff pass in ``Program.saves`` and checked before a backend builds a program that
+reads or writes them.
+
+A plan is the saved values of one autodiff (``rnnc.ir.SavePlan``): the training forward
+(autodiff-forward) stacks exactly these, and the backward (autodiff-backward on the same
+program) reads exactly these, so both programs carry the same plan.
+"""
 
 from __future__ import annotations
 
-from rnnc.ir import Program, Type
+from rnnc.ir import Program
 from rnnc.names import Role
-
-# program.meta[SAVES]: one save plan per autodiff run on the program, in order. A plan is the
-# saved values of one autodiff, ``((name, type as a [T,...] sequence), ...)``: the training
-# forward (autodiff-forward) stacks exactly these, and the backward (autodiff-backward on the
-# same program) reads exactly these, so both programs carry the same plan.
-SAVES = "saves"
-SavePlan = tuple[tuple[str, Type], ...]
-
-
-def save_plans(program: Program) -> tuple[SavePlan, ...]:
-    """The save plans of the autodiff passes that made ``program``, first one first."""
-    return tuple(program.meta.get(SAVES, ()))
-
 
 
 def check_save_plans(writer: Program, writer_mode: str, reader: Program, reader_mode: str,
@@ -27,7 +19,7 @@ def check_save_plans(writer: Program, writer_mode: str, reader: Program, reader_
     save plans of their first ``level`` autodiff passes agree, the writer returns each saved
     value with its planned type, and (where ``level`` is the reader's last autodiff) the reader
     takes each one as a saved arg of that type."""
-    ours, theirs = save_plans(writer)[:level], save_plans(reader)[:level]
+    ours, theirs = writer.saves[:level], reader.saves[:level]
     fault = None
     if len(ours) < level or ours != theirs:
         fault = f"the save plans differ: {_plans_text(ours)} against {_plans_text(theirs)}"
@@ -36,7 +28,7 @@ def check_save_plans(writer: Program, writer_mode: str, reader: Program, reader_
         for name, ty in ours[-1]:
             if name not in writer.results or stacked.get(name) != ty:
                 fault = f"{writer_mode!r} does not return {name} as {ty}"
-            elif level == len(save_plans(reader)) and reader.args.get(name) != (Role.SAVED, ty):
+            elif level == len(reader.saves) and reader.args.get(name) != (Role.SAVED, ty):
                 fault = f"{reader_mode!r} does not read {name} as a saved {ty}"
             if fault:
                 break

@@ -84,13 +84,12 @@ from dataclasses import dataclass, field, replace
 
 from rnnc import names, ops
 from rnnc.errors import RnncValueError
-from rnnc.ir import ARG, NO_GRAD, Carry, Graph, Program, Scan, Type
+from rnnc.ir import ARG, Carry, Graph, Program, SavePlan, Scan, Type
 from rnnc.names import Role, cotangent, final_state, gradient
 from rnnc.passes import register
-from rnnc.passes._saves import SAVES, SavePlan, check_save_plans, save_plans
+from rnnc.passes._saves import check_save_plans
 
-__all__ = ["SAVES", "SavePlan", "autodiff_backward", "autodiff_forward", "check_save_plans",
-           "save_plans"]
+__all__ = ["autodiff_backward", "autodiff_forward", "check_save_plans"]
 
 ORIGIN = "autodiff"
 # Arg roles a derivative is taken for: a forward's inputs and parameters and, when the program
@@ -154,7 +153,7 @@ class _Plan:
     def arg(self, name: str, shape: tuple, kind: str) -> int:
         if name not in self.args:
             (self.seqs if kind == "seq" else self.consts).append(name)
-            self.args[name] = self.bwd.arg(name, shape, kind, ORIGIN)
+            self.args[name] = self.bwd.arg(name, shape, ORIGIN)
         return self.args[name]
 
     def read(self, nid: int) -> int:
@@ -251,7 +250,7 @@ def _backward_body(program: Program) -> tuple[_Plan, dict[str, int]]:
     plan = _Plan(fwd, Graph(program.dtype), roles, first_save=_first_free_save(program))
     e = _Emitter(plan)
     args = fwd.args()
-    data = set(program.meta.get(NO_GRAD, ()))  # inputs declared grad=False
+    data = set(program.no_grad)  # inputs declared grad=False
     differentiable = {nid for name, nid in args.items() if name not in data and (
         program.args.get(name, ("carry",))[0] in _DIFFERENTIABLE or roles[name] == "carry")}
     active = fwd.depends_on(differentiable)
@@ -264,7 +263,7 @@ def _backward_body(program: Program) -> tuple[_Plan, dict[str, int]]:
     carry_args = {}
     for c in scan.carries:
         shape = fwd.node(fwd.outputs[c.name]).shape
-        carry_args[c.name] = plan.bwd.arg(cotangent(c.name), shape, "carry", ORIGIN)
+        carry_args[c.name] = plan.bwd.arg(cotangent(c.name), shape, ORIGIN)
         accumulate(fwd.outputs[c.name], carry_args[c.name])
     for name in scan.stacked:
         shape = fwd.node(fwd.outputs[name]).shape
@@ -316,7 +315,7 @@ def _prune(plan: _Plan, outputs: dict[str, int]) -> dict[str, int]:
             continue
         new_name = names.saved(plan.first_save + len(kept))
         if new_name != name:  # every name below it is already free or renamed
-            new = bwd.arg(new_name, bwd.node(old).shape, "seq", ORIGIN)
+            new = bwd.arg(new_name, bwd.node(old).shape, ORIGIN)
             bwd.replace_all_uses(old, new)
             bwd.remove(old)
             plan.seqs[plan.seqs.index(name)] = new_name
@@ -333,9 +332,9 @@ def _check(program: Program) -> None:
                              "its input must be empty")
 
 
-def _planned(program: Program, plan: _Plan) -> dict:
-    """``program.meta`` with the save plan of this autodiff after those before it."""
-    return {**program.meta, SAVES: save_plans(program) + (plan.save_plan(program.dtype),)}
+def _planned(program: Program, plan: _Plan) -> tuple[SavePlan, ...]:
+    """``program.saves`` with the save plan of this autodiff after those before it."""
+    return program.saves + (plan.save_plan(program.dtype),)
 
 
 @register("autodiff-forward")
@@ -349,7 +348,7 @@ def autodiff_forward(program: Program) -> Program:
         body.outputs[name] = nid
     scan = replace(program.scan, body=body, stacked=program.scan.stacked + saved)
     return replace(program, scan=scan, results=program.results + saved,
-                   meta=_planned(program, plan))
+                   saves=_planned(program, plan))
 
 
 def _backward_args(program: Program, plan: _Plan) -> dict[str, tuple[str, Type]]:
@@ -396,4 +395,4 @@ def autodiff_backward(program: Program) -> Program:
     results = stacked + summed + tuple(c.final for c in carries)
     dtype = program.dtype
     return replace(program, args=_backward_args(program, plan), pre=Graph(dtype), scan=bscan,
-                   post=Graph(dtype), results=results, meta=_planned(program, plan))
+                   post=Graph(dtype), results=results, saves=_planned(program, plan))

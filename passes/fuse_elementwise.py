@@ -151,8 +151,7 @@ def _fuse(body: Graph, members: list[int]) -> None:
                 if inner.op is ops.constant:
                     local[i] = region.add(ops.constant, (), dict(inner.attrs), origin=ORIGIN)
                 else:
-                    local[i] = region.arg(region_input(len(inputs)), inner.shape, "fused",
-                                          ORIGIN)
+                    local[i] = region.arg(region_input(len(inputs)), inner.shape, ORIGIN)
                     inputs.append(i)
             ins.append(local[i])
         local[nid] = copy_node(region, body, nid, ins, ORIGIN)

@@ -2,7 +2,7 @@
 
 The member parameters are replaced by one packed parameter block (named by joining the member
 names with "|"), laid out row-major ``(K, sum N)`` so each member is a column slice of the flat
-buffer; ``program.meta["layout"]`` records every block. When each member matmul's only use is
+buffer; ``program.layout`` records every block. When each member matmul's only use is
 an add of its own bias vector, the biases fold into one add of a packed bias block, and the
 slices are taken after it.
 
@@ -76,8 +76,8 @@ def _params(p: Program) -> dict[str, tuple]:
 
 
 def _current_layout(p: Program) -> dict[str, Block]:
-    if "layout" in p.meta:
-        return {b.name: b for b in p.meta["layout"]}
+    if p.layout:
+        return {b.name: b for b in p.layout}
     return {n: Block(n, tuple(s), ((n, 0, s[-1]),)) for n, s in _params(p).items()}
 
 
@@ -124,7 +124,7 @@ def _read_members(g: Graph, offsets: dict[str, tuple[str, int, int]],
         else:
             members = new_args[block]
             shape = params[members[0]][:-1] + (sum(params[m][-1] for m in members),)
-            barg = g.arg(block, shape, "const", ORIGIN)
+            barg = g.arg(block, shape, ORIGIN)
         piece = g.add(ops.slice_, (barg,), {"start": start, "stop": stop}, origin=ORIGIN)
         g.replace_all_uses(args[name], piece)
         g.remove(args[name])
@@ -170,14 +170,13 @@ def _pack(body: Graph, groups: list[_Group], params: dict[str, tuple]) -> dict[s
     for left, members, names, biases in groups:
         wname = packed(names)
         new_args[wname] = tuple(names)
-        warg = body.arg(wname, (params[names[0]][0], sum(params[n][1] for n in names)),
-                        "const", ORIGIN)
+        warg = body.arg(wname, (params[names[0]][0], sum(params[n][1] for n in names)), ORIGIN)
         out = body.add(ops.matmul, (left, warg), origin=ORIGIN)
         if biases:
             bnames = [b[1] for b in biases]
             bname = packed(bnames)
             new_args[bname] = tuple(bnames)
-            barg = body.arg(bname, (sum(params[b][0] for b in bnames),), "const", ORIGIN)
+            barg = body.arg(bname, (sum(params[b][0] for b in bnames),), ORIGIN)
             out = body.add(ops.add, (out, barg), origin=ORIGIN)
         start = 0
         for k, (mm, name) in enumerate(zip(members, names, strict=True)):
@@ -260,4 +259,4 @@ def fuse_gate_matmuls(program: Program) -> Program:
     layout = _layout(prog_args, new_args, _current_layout(program), params)
     scan = replace(program.scan, body=body, consts=tuple(consts))
     return replace(program, args=prog_args, scan=scan, pre=pre, post=post,
-                   meta={**program.meta, "layout": layout})
+                   layout=layout)

@@ -180,8 +180,7 @@ def _copy_into_pre(p: Program, body: Graph, pre: Graph, movable: list[int]) -> d
         if have is None and name in p.pre.outputs:
             mapping[nid] = p.pre.outputs[name]
             return mapping[nid]
-        role = p.args[name][0] if name in p.args else "const"
-        mapping[nid] = have if have is not None else pre.arg(name, env[name].shape, role, ORIGIN)
+        mapping[nid] = have if have is not None else pre.arg(name, env[name].shape, ORIGIN)
         return mapping[nid]
 
     for nid in movable:
@@ -224,7 +223,7 @@ def _hoist(p: Program) -> Program:
         name = next(hoisted_names)
         pre.outputs[name] = mapping[nid]
         (seqs if is_seq else consts).append(name)
-        arg = body.arg(name, body.node(nid).shape, "seq" if is_seq else "const", ORIGIN)
+        arg = body.arg(name, body.node(nid).shape, ORIGIN)
         body.replace_all_uses(nid, arg)
     for n in sorted(body.dead_code(keep_args=False)):
         body.remove(n)
@@ -304,7 +303,7 @@ class _ToPost:
 
     def _arg(self, name: str, shape: tuple) -> int:
         have = self.post.input_node(name)
-        return have if have is not None else self.post.arg(name, shape, "saved", ORIGIN)
+        return have if have is not None else self.post.arg(name, shape, ORIGIN)
 
     def _leaf(self, nid: int) -> int:
         node = self.body.node(nid)

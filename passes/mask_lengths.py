@@ -78,7 +78,7 @@ def mask_lengths(program: Program) -> Program:
     # A reverse scan meets a sequence's padding (t >= length) first: holding the carry there
     # keeps it at its initial value, so each sequence starts at its own last step.
     for c in s.carries:
-        old = arg_of(body, c.name, env[c.init].shape, "carry", ORIGIN)
+        old = arg_of(body, c.name, env[c.init].shape, ORIGIN)
         new = body.add(ops.where, (mask, body.outputs[c.name], old), origin=ORIGIN)
         body.outputs[c.name] = new
     for name in s.stacked:
@@ -106,8 +106,8 @@ def _inputs_selected(old: Graph, inputs: list[str]) -> tuple[Graph, int]:
     new: dict[int, int] = {}
     for nid in old.args().values():
         node = old.node(nid)
-        new[nid] = g.arg(node.attrs["name"], node.shape, node.attrs["role"], node.origin)
-    mask = arg_of(g, MASK, ("B", 1), "seq", ORIGIN)
+        new[nid] = g.arg(node.attrs["name"], node.shape, node.origin)
+    mask = arg_of(g, MASK, ("B", 1), ORIGIN)
     zero = g.add(ops.constant, (), {"value": 0.0}, origin=ORIGIN)
     for name, nid in old.args().items():
         if name in inputs:

@@ -142,8 +142,7 @@ class Lifter:
         have = self.pre.input_node(name)
         if have is not None:
             return have
-        role = self.program.args[name][0] if name in self.program.args else "const"
-        return self.pre.arg(name, self.env[name].shape, role, ORIGIN)
+        return self.pre.arg(name, self.env[name].shape, ORIGIN)
 
     def expr(self, e: Expr) -> int:
         if e not in self.exprs:
@@ -199,8 +198,8 @@ def _substitute(body: Graph, found: list[Linear]) -> dict[str, tuple[int | None,
         nxt = body.outputs.pop(name)
         carry = body.input_node(name)
         shape = body.node(nxt).shape
-        before = body.arg(f"{name}@before", shape, "seq", ORIGIN)
-        after = body.arg(f"{name}@after", shape, "seq", ORIGIN)
+        before = body.arg(f"{name}@before", shape, ORIGIN)
+        after = body.arg(f"{name}@after", shape, ORIGIN)
         if nxt != carry:
             body.replace_all_uses(nxt, after)
         if carry is not None:
@@ -256,7 +255,7 @@ def _round(p: Program) -> Program | None:
                 continue
             name = next(hoisted_names)
             pre.outputs[name] = value
-            named = body.arg(name, body.node(arg).shape, "seq", ORIGIN)
+            named = body.arg(name, body.node(arg).shape, ORIGIN)
             body.replace_all_uses(arg, named)
             body.remove(arg)
             seqs.append(name)
@@ -289,7 +288,7 @@ def _stacked_sequences(p: Program) -> Program:
         else:
             have = pre.input_node(source)
             pre.outputs[name] = have if have is not None else pre.arg(
-                source, env[source].shape, p.args[source][0], ORIGIN)
+                source, env[source].shape, ORIGIN)
         del body.outputs[name]
         stacked.remove(name)
     if stacked == list(s.stacked):
@@ -328,7 +327,7 @@ def _post_into_pre(p: Program) -> Program:
         if node.op is ARG:
             name = node.attrs["name"]
             moved[nid] = pre.outputs[name] if name in pre.outputs else \
-                arg_of(pre, name, env[name].shape, p.args[name][0], ORIGIN)
+                arg_of(pre, name, env[name].shape, ORIGIN)
             continue
         new = copy_node(pre, p.post, nid, [moved[i] for i in node.inputs], node.origin)
         key = cse_key(pre.node(new))

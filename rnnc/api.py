@@ -19,7 +19,7 @@ from rnnc.grads import NP, Grads, InputGrads, Tape, cotangent_env, cotangents
 from rnnc.ir import Program, retype
 from rnnc.layout import Layout, device_params
 from rnnc.names import MASK, final_state, gradient
-from rnnc.passes.autodiff import check_save_plans, save_plans
+from rnnc.passes.autodiff import check_save_plans
 from rnnc.printer import format_program, op_counts
 from rnnc.settings import SECOND_ORDER_CHECK, check_option, fastest_backend, resolve_backend
 
@@ -62,9 +62,7 @@ class Function:
         self.draws_masks = draws_masks(self._base.args)  # rnnc.bernoulli: calls need seed=
         self._identity = self._base.fingerprint()  # structure with exact constants, not text
         prepared = passes.run_cached(self._identity, self._base, self.pipeline("prepare", False))
-        self.layout = Layout(
-            [b for b in prepared.meta.get("layout", ())] or Layout.identity(self.params).blocks,
-            self.params)
+        self.layout = Layout(prepared.layout or Layout.identity(self.params).blocks, self.params)
         check = check_option(check)
         if check and optimize:
             from rnnc.check import check_function
@@ -125,7 +123,7 @@ class Function:
 
     def saved_names(self, mode: str, dtype: str, masked: bool) -> tuple[str, ...]:
         """The names the last autodiff of ``mode`` saves (``mode`` stacks or reads them)."""
-        plans = save_plans(self.program(mode, dtype, masked))
+        plans = self.program(mode, dtype, masked).saves
         return tuple(name for name, _ in plans[-1]) if plans else ()
 
     def ir(self, mode: str = "inference", dtype: str = "f32", lengths: bool = False) -> str:

@@ -15,7 +15,7 @@ from rnnc import ops_elementwise as elementwise
 from rnnc.dsl_checks import check_allocatable, check_name, check_size, initial_values
 from rnnc.dsl_docs import DOCS
 from rnnc.errors import CellError, RnncTypeError, RnncValueError, ShapeError
-from rnnc.ir import NO_GRAD, Carry, Graph, Program, Scan, Type
+from rnnc.ir import Carry, Graph, Program, Scan, Type
 from rnnc.names import Role, final_state
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -239,7 +239,7 @@ class Cell:
         self._declare(name, "input")
         if not grad:
             self.no_grad.add(name)
-        nid = self.graph.arg(name, ("B", check_size(size, f"input {name!r}")), "seq")
+        nid = self.graph.arg(name, ("B", check_size(size, f"input {name!r}")))
         self.inputs[name] = nid
         return Value(self, nid)
 
@@ -247,7 +247,7 @@ class Cell:
         """A carried state ``(B, size)``: its value at step t-1. The order of the ``state``
         calls is the order of an ``hx`` tuple given to ``rnnc.torch.RNN`` (docs/porting.md)."""
         self._declare(name, "state")
-        nid = self.graph.arg(name, ("B", check_size(size, f"state {name!r}")), "carry")
+        nid = self.graph.arg(name, ("B", check_size(size, f"state {name!r}")))
         self.states[name] = nid
         return Value(self, nid)
 
@@ -263,7 +263,7 @@ class Cell:
         shape = tuple(check_size(d, f"parameter {name!r}") for d in shape)
         if init is not None and not callable(init) and not isinstance(init, (int, float)):
             raise CellError(f"init of parameter {name!r} must be a callable or a number")
-        nid = self.graph.arg(name, shape, "const")
+        nid = self.graph.arg(name, shape)
         self.params[name] = nid
         self.inits[name] = init
         return Value(self, nid)
@@ -347,10 +347,9 @@ class Cell:
                     carries=tuple(Carry(s, s, final_state(s)) for s in self.states),
                     stacked=tuple(self.outputs), reverse=reverse)
         results = tuple(self.outputs) + tuple(final_state(s) for s in self.states)
-        meta: dict = {"cell": self.name}
-        if self.no_grad:
-            meta[NO_GRAD] = tuple(n for n in self.inputs if n in self.no_grad)
-        return Program(args, Graph("f32"), scan, Graph("f32"), results, "f32", meta)
+        no_grad = tuple(n for n in self.inputs if n in self.no_grad)
+        return Program(args, Graph("f32"), scan, Graph("f32"), results, "f32", cell=self.name,
+                       no_grad=no_grad)
 
 
 # ---------------------------------------------------------------- functions on values

@@ -60,8 +60,8 @@ def bernoulli(p: float, like: Any, per: str = "step") -> Any:
 def _args(graph: Graph) -> tuple[int, int]:
     """The graph's ``rng.key`` and ``rng.counter`` nodes, made on first use."""
     have = graph.args()
-    return tuple(have[name] if name in have else graph.arg(name, shape, role)
-                 for name, (shape, role) in ARGS.items())
+    return tuple(have[name] if name in have else graph.arg(name, shape)
+                 for name, (shape, _) in ARGS.items())
 
 
 def program_args(body: Graph, dtype: str = "f32"
@@ -71,8 +71,8 @@ def program_args(body: Graph, dtype: str = "f32"
     names = [name for name in ARGS if name in body.args()]
     args = {}
     for name in names:
-        shape, role = ARGS[name]
-        args[name] = (Role.RANDOM, Type(dtype, ("T",) + shape if role == "seq" else shape))
+        shape, binding = ARGS[name]
+        args[name] = (Role.RANDOM, Type(dtype, ("T",) + shape if binding == "seq" else shape))
     seqs = tuple(n for n in names if ARGS[n][1] == "seq")
     return args, seqs, tuple(n for n in names if ARGS[n][1] == "const")
 

@@ -9,7 +9,8 @@ by :func:`fingerprint` instead, which encodes
   that order (node ids come from a process-wide counter, so two equal programs built one
   after the other have different ids but the same fingerprint), attributes, and types;
 - the scan's sequences, constants, carries, stacked and summed outputs and direction;
-- the program's arguments (name, role, type, in order), results, dtype and ``meta``.
+- the program's arguments (name, role, type, in order), results, dtype, cell name, inputs
+  without gradient, parameter layout and save plans.
 
 Floats are encoded with ``float.hex`` (every bit), arrays by dtype, shape and bytes. Every
 value is normalized to plain ``None``/``bool``/``int``/``str`` or a ``(tag, payload)`` pair,
@@ -32,7 +33,7 @@ from rnnc.ir import Graph, Program, TupleType, Type
 from rnnc.ops import Op
 
 # Changed whenever the encoding changes, so old fingerprints never match new ones.
-VERSION = b"rnnc-fingerprint-2\n"
+VERSION = b"rnnc-fingerprint-3\n"
 _ATOMS = (type(None), bool, int, str)
 
 
@@ -60,7 +61,7 @@ def _program_records(p: Program) -> Iterator[tuple]:
     yield ("scan", _norm(s.seqs), _norm(s.consts), _norm(s.stacked), _norm(s.summed),
            s.reverse, tuple((_norm(c.name), _norm(c.init), _norm(c.final)) for c in s.carries))
     yield ("results", _norm(tuple(p.results)))
-    yield ("meta", _norm(p.meta))
+    yield ("fields", _norm(p.cell), _norm(p.no_grad), _norm(p.layout), _norm(p.saves))
 
 
 def _graph_records(g: Graph) -> Iterator[tuple]:

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import networkx as nx
 
 from rnnc import ops
 from rnnc.errors import RnncValueError, ShapeError
+from rnnc.layout import Block
+from rnnc.names import Role
 from rnnc.ops import Op, Shape
 
 DTYPES = ("f32", "f64")
@@ -99,12 +101,13 @@ class Graph:
             self.nx.add_edge(src, node.id, key=pos)
         return node.id
 
-    def arg(self, name: str, shape: Shape, role: str, origin: str = "dsl") -> int:
-        """Add an input read from the environment under ``name``."""
+    def arg(self, name: str, shape: Shape, origin: str = "dsl") -> int:
+        """Add an input read from the environment under ``name`` (what the name holds is the
+        program's business: ``Program.args`` and the scan's bindings say it)."""
         if name in self._arg_index():
             raise RnncValueError(f"graph already has an input named {name!r}")
-        node = Node(next(self._ids), ARG, (), {"name": name, "role": role},
-                    Type(self.dtype, tuple(shape)), origin)
+        node = Node(next(self._ids), ARG, (), {"name": name}, Type(self.dtype, tuple(shape)),
+                    origin)
         return self._insert(node)
 
     def add(self, op: Op, inputs: Iterable[int] = (), attrs: Mapping[str, Any] | None = None,
@@ -114,7 +117,7 @@ class Graph:
         attrs = dict(attrs or {})
         if op.arity is not None and len(inputs) != op.arity:
             raise ShapeError(f"{op.name} takes {op.arity} operands, got {len(inputs)}")
-        ty = self._infer(op, inputs, attrs)
+        ty = self.infer(op, inputs, attrs)
         return self._insert(Node(next(self._ids), op, inputs, attrs, ty, origin, loc))
 
     def add_fused(self, region: Graph, inputs: Iterable[int], origin: str) -> int:
@@ -127,7 +130,8 @@ class Graph:
         ty = self.node(tup).type.items[index]
         return self._insert(Node(next(self._ids), GET, (tup,), {"index": index}, ty, origin))
 
-    def _infer(self, op: Op, inputs: tuple[int, ...], attrs: dict) -> Type:
+    def infer(self, op: Op, inputs: tuple[int, ...], attrs: dict) -> Type:
+        """The type ``op``'s shape rule gives ``op[attrs](inputs)`` in this graph."""
         shapes = [self.node(i).shape for i in inputs]
         return Type(self.dtype, tuple(op.shape(*shapes, **attrs)))
 
@@ -242,10 +246,10 @@ class Scan:
     reverse: bool = False
 
 
-# program.meta[NO_GRAD]: the inputs declared ``grad=False``, which autodiff does not
-# differentiate (absent when every input is differentiable).
-NO_GRAD = "no_grad"
 STAGES = ("args", "pre", "scan", "post")  # the order in which a program fills its environment
+# The values one autodiff pass saves, ``((name, type as a [T,...] sequence), ...)``: the
+# training forward stacks exactly these and the backward of the same program reads them.
+SavePlan = tuple[tuple[str, Type], ...]
 
 
 @dataclass(frozen=True)
@@ -253,16 +257,22 @@ class Program:
     """pre-loop graph, scan, post-loop graph over an environment of named arrays.
 
     ``args`` maps each name the caller provides to its role (a ``rnnc.names.Role``) and type;
-    ``results`` names what the program returns.
+    ``results`` names what the program returns. ``cell`` is the traced cell's name;
+    ``no_grad`` the inputs declared ``grad=False``, which autodiff does not differentiate;
+    ``layout`` the parameter blocks once gate fusion packed some (empty: one per parameter);
+    ``saves`` the save plan of each autodiff pass that made the program, first one first.
     """
 
-    args: Mapping[str, tuple[str, Type]]
+    args: Mapping[str, tuple[Role, Type]]
     pre: Graph
     scan: Scan
     post: Graph
     results: tuple[str, ...]
     dtype: str = "f32"
-    meta: Mapping[str, Any] = field(default_factory=dict)
+    cell: str = ""
+    no_grad: tuple[str, ...] = ()
+    layout: tuple[Block, ...] = ()
+    saves: tuple[SavePlan, ...] = ()
 
     def graphs(self) -> tuple[Graph, Graph, Graph]:
         return self.pre, self.scan.body, self.post
@@ -302,71 +312,6 @@ class Program:
 
 def _output_types(g: Graph) -> dict[str, Type]:
     return {name: g.node(o).type for name, o in g.outputs.items()}
-
-
-def verify(program: Program) -> None:
-    """Check the program's structure and types; raise AssertionError naming the fault."""
-    _check_graph(program.pre, "pre", program.env_types("args"), program.dtype)
-    bound = _scan_bindings(program.scan, program.env_types("pre"))
-    _check_graph(program.scan.body, "scan", bound, program.dtype)
-    for name in program.scan.stacked + program.scan.summed:
-        assert name in program.scan.body.outputs, f"scan: output {name!r} is never computed"
-    _check_graph(program.post, "post", program.env_types("scan"), program.dtype)
-    env = program.env_types()
-    for r in program.results:
-        assert r in env, f"result {r!r} is never computed"
-
-
-def _scan_bindings(scan: Scan, env: Mapping[str, Type]) -> dict[str, Type]:
-    """The type of each name the loop body may read, from the environment before the loop."""
-    bound: dict[str, Type] = {}
-    for name in scan.seqs:
-        assert name in env, f"scan: sequence {name!r} is not in the environment"
-        assert env[name].shape[0] == "T", f"scan: sequence {name!r} is {env[name]}, not [T,...]"
-        bound[name] = Type(env[name].dtype, env[name].shape[1:])
-    for name in scan.consts:
-        assert name in env, f"scan: constant {name!r} is not in the environment"
-        bound[name] = env[name]
-    for c in scan.carries:
-        assert c.init in env, f"scan: carry {c.name!r} init {c.init!r} not in the environment"
-        bound[c.name] = env[c.init]
-        assert c.name in scan.body.outputs, f"scan: carry {c.name!r} has no next value"
-        assert scan.body.node(scan.body.outputs[c.name]).type == env[c.init], (
-            f"scan: carry {c.name!r} changes type")
-    assert set(scan.body.args()) <= set(bound), (
-        f"scan: body inputs {sorted(set(scan.body.args()) - set(bound))} are not bound")
-    return bound
-
-
-def _check_graph(g: Graph, where: str, bound: Mapping[str, Type], dtype: str) -> None:
-    assert nx.is_directed_acyclic_graph(g.nx), f"{where}: cycle"
-    for node in g.nodes():
-        _check_node(g, node, where, bound)
-        assert node.type.dtype == dtype if isinstance(node.type, Type) else True
-    for name, o in g.outputs.items():
-        assert o in g.nx, f"{where}: output {name!r} refers to a missing node"
-
-
-def _check_node(g: Graph, node: Node, where: str, bound: Mapping[str, Type]) -> None:
-    for pos, src in enumerate(node.inputs):
-        assert g.nx.has_edge(src, node.id, pos), f"{where}: edge {src}->{node.id} missing"
-    if node.op is ARG:
-        name = node.attrs["name"]
-        assert name in bound, f"{where}: input {name!r} is not bound"
-        assert bound[name].shape == node.shape, (
-            f"{where}: input {name!r} has {node.type}, environment has {bound[name]}")
-    elif node.op is FUSED:
-        region = node.attrs["region"]
-        assert len(region.args()) == len(node.inputs), f"{where}: fused arity"
-        for nested in region.nodes():
-            assert nested.op in ops.ELEMENTWISE or nested.op in (ARG, ops.constant) \
-                or nested.op.kind in (ops.OpKind.LAYOUT, ops.OpKind.REDUCE), \
-                f"{where}: {nested.op.name} inside a fused region"
-    elif node.op is GET:
-        assert isinstance(g.node(node.inputs[0]).type, TupleType)
-    else:
-        expect = g._infer(node.op, node.inputs, dict(node.attrs))
-        assert expect == node.type, f"{where}: %{node.id} typed {node.type}, rule {expect}"
 
 
 def retype(program: Program, dtype: str) -> Program:

@@ -63,7 +63,7 @@ def graph_lines(g: Graph, depth: int, names: dict[int, str] | None = None) -> li
 
 def format_program(p: Program, title: str = "") -> str:
     """The whole program as text."""
-    out = [f"program {title or p.meta.get('cell', '')} ({p.dtype}) {{".replace("  ", " ")]
+    out = [f"program {title or p.cell} ({p.dtype}) {{".replace("  ", " ")]
     for role, label in ARG_SECTIONS:
         items = [f"{n}: {t}" for n, (r, t) in p.args.items() if r == role]
         if items:

@@ -108,7 +108,7 @@ def single_node_region(nodes: Mapping[int, Node], step: Step, dtype: str
             continue
         if src not in operands:
             operands.append(src)
-            region.arg(f"in{len(operands) - 1}", source.shape, "operand")
+            region.arg(f"in{len(operands) - 1}", source.shape)
         mapped.append(list(region.args().values())[operands.index(src)])
     out = region.add(step.op, mapped, dict(step.attrs))
     region.outputs = {"out": out}

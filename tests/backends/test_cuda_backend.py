@@ -22,7 +22,8 @@ from rnnc.backends.numpy.runtime import run_program
 from rnnc.backends.steps import NUMPY_DTYPES
 from rnnc.composites import layer_norm
 from rnnc.errors import BackendUnavailable, RnncValueError
-from rnnc.ir import Carry, Graph, Program, Scan, Type, verify
+from rnnc.ir import Carry, Graph, Program, Scan, Type
+from rnnc.verify import verify
 
 I, H, T, B = 3, 4, 5, 3
 TOLERANCE = {"f32": dict(rtol=1e-5, atol=1e-6), "f64": dict(rtol=1e-10, atol=1e-12)}
@@ -167,7 +168,7 @@ def fuse_body(program: Program) -> Program:
             for src in node.inputs:
                 if src not in inside and src not in operands:
                     operands.append(src)
-                    mapped[src] = region.arg(f"a{len(operands)}", body.node(src).shape, "operand")
+                    mapped[src] = region.arg(f"a{len(operands)}", body.node(src).shape)
             mapped[m] = region.add(node.op, [mapped[i] for i in node.inputs], dict(node.attrs))
         results = [m for m in members if m in outputs or any(u not in inside
                                                              for u in body.users(m))]
@@ -186,11 +187,11 @@ def layout_program(dtype: str, reverse: bool) -> Program:
     """Pre-loop GEMM over (T, B, I), a body using every layout/reduce op, post-loop reductions."""
     f = lambda *shape: Type(dtype, shape)  # noqa: E731
     pre = Graph(dtype)
-    x, W = pre.arg("x", ("T", "B", 3), "input"), pre.arg("W", (3, 8), "param")
+    x, W = pre.arg("x", ("T", "B", 3)), pre.arg("W", (3, 8))
     pre.outputs = {"xw": pre.add(ops.matmul, (x, W))}
     body = Graph(dtype)
-    xw, h, U = body.arg("xw", ("B", 8), "seq"), body.arg("h", ("B", 4), "carry"), \
-        body.arg("U", (4, 8), "param")
+    xw, h, U = body.arg("xw", ("B", 8)), body.arg("h", ("B", 4)), \
+        body.arg("U", (4, 8))
     g = body.add(ops.add, (xw, body.add(ops.matmul, (h, U))))
     a = body.add(ops.slice_, (g,), {"start": 0, "stop": 4})
     b = body.add(ops.slice_, (g,), {"start": 4, "stop": 8})
@@ -206,7 +207,7 @@ def layout_program(dtype: str, reverse: bool) -> Program:
     scan = Scan(body, seqs=("xw",), consts=("U",), carries=(Carry("h", "h", "h.final"),),
                 stacked=("y", "z"), summed=("acc",), reverse=reverse)
     post = Graph(dtype)
-    y, x2 = post.arg("y", ("T", "B", 8), "stacked"), post.arg("x", ("T", "B", 3), "input")
+    y, x2 = post.arg("y", ("T", "B", 8)), post.arg("x", ("T", "B", 3))
     post.outputs = {"gW": post.add(ops.matmul, (x2, y), {"transpose_a": True}),
                     "bias": post.add(ops.sum_rows, (y,)),
                     "rsq": post.add(ops.rsqrt, (post.add(ops.exp, (y,)),))}
@@ -246,13 +247,13 @@ def test_broadcasting_and_carries_passed_through(emulate: bool) -> None:
     """Operands broadcast over T, B or both; carries and outputs that are loop inputs."""
     f = lambda *shape: Type("f32", shape)  # noqa: E731
     pre = Graph("f32")
-    a, b = pre.arg("a", ("T", "B", 4), "input"), pre.arg("b", ("T", 1, 4), "input")
-    c = pre.arg("c", ("B", 1), "input")
+    a, b = pre.arg("a", ("T", "B", 4)), pre.arg("b", ("T", 1, 4))
+    c = pre.arg("c", ("B", 1))
     two = pre.add(ops.constant, (), {"value": 2.0})
     pre.outputs = {"s": pre.add(ops.add, (pre.add(ops.add, (a, b)), pre.add(ops.mul, (c, two))))}
     body = Graph("f32")
-    s, acc = body.arg("s", ("B", 4), "seq"), body.arg("acc", ("B", 4), "carry")
-    p, q = body.arg("p", ("B", 4), "carry"), body.arg("q", ("B", 4), "carry")
+    s, acc = body.arg("s", ("B", 4)), body.arg("acc", ("B", 4))
+    p, q = body.arg("p", ("B", 4)), body.arg("q", ("B", 4))
     body.outputs = {"acc": body.add(ops.add, (acc, s)), "p": q, "q": p, "prev": acc}
     carries = tuple(Carry(n, n, f"{n}.final") for n in ("acc", "p", "q"))
     scan = Scan(body, seqs=("s",), consts=(), carries=carries, stacked=("prev",))

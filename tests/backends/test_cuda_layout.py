@@ -13,7 +13,8 @@ import pytest
 from rnnc import ops
 from rnnc.backends.cuda import rules
 from rnnc.backends.cuda.runtime import CudaBackend
-from rnnc.ir import Graph, Program, Scan, Type, verify
+from rnnc.ir import Graph, Program, Scan, Type
+from rnnc.verify import verify
 
 T, B = 2, 3
 
@@ -48,7 +49,7 @@ interleave = _op("interleave", 2, lambda n, m, gap: n + m + gap, _interleave_ref
 
 def _program(op: ops.Op, widths: list[int], attrs: dict) -> Program:
     pre = Graph("f32")
-    xs = [pre.arg(f"x{i}", ("T", "B", w), "input") for i, w in enumerate(widths)]
+    xs = [pre.arg(f"x{i}", ("T", "B", w)) for i, w in enumerate(widths)]
     out = pre.add(op, xs, attrs)
     pre.outputs = {"y": pre.add(ops.tanh, [out])}  # a consumer in the same graph
     pre.outputs["z"] = out

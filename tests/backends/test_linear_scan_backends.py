@@ -18,8 +18,9 @@ from rnnc import backends, ops
 from rnnc.backends.cuda import codegen
 from rnnc.backends.cuda.ptx import NO_COMPILER, available_compiler, compile_ptx
 from rnnc.backends.numpy.rules import linear_scan_log_depth
-from rnnc.ir import Graph, Program, Scan, Type, verify
+from rnnc.ir import Graph, Program, Scan, Type
 from rnnc.names import Role
+from rnnc.verify import verify
 
 T, B, N = 6, 3, 5
 SHAPES = {  # A, Bv
@@ -65,9 +66,9 @@ def program(row: str, dtype: str) -> Program:
             continue
         role = Role.INPUT if shape[0] == "T" else Role.PARAM
         args[name] = (role, Type(dtype, shape))
-        operands.append(pre.arg(name, shape, role))
+        operands.append(pre.arg(name, shape))
     args["h"] = (Role.STATE, Type(dtype, ("B", N)))
-    operands.append(pre.arg("h", ("B", N), Role.STATE))
+    operands.append(pre.arg("h", ("B", N)))
     for k, attrs in enumerate(ATTRS):
         scanned = pre.add(ops.linear_scan, operands, attrs)
         pre.outputs[f"C{k}"] = scanned

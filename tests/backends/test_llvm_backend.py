@@ -19,7 +19,8 @@ from rnnc import ops  # noqa: E402
 from rnnc.backends.llvm import autotune, blas  # noqa: E402
 from rnnc.backends.llvm.runtime import LlvmBackend  # noqa: E402
 from rnnc.backends.numpy.runtime import run_program  # noqa: E402
-from rnnc.ir import Carry, Graph, Program, Scan, Type, retype, verify  # noqa: E402
+from rnnc.ir import Carry, Graph, Program, Scan, Type, retype  # noqa: E402
+from rnnc.verify import verify  # noqa: E402
 from tests.strategies import random_cells, random_data  # noqa: E402
 
 TOL = {np.float32: 1e-5, np.float64: 1e-10}
@@ -178,8 +179,8 @@ def _fused_program(reverse: bool) -> Program:
     """A hand-built program: pre and post graphs, a fused region using every layout op with
     outputs of two widths (one output twice), a region holding a reduction, summed outputs."""
     region = Graph("f32")
-    x, h = region.arg("x", ("B", 6), "region"), region.arg("h", ("B", 3), "region")
-    v, m = region.arg("v", (3,), "region"), region.arg("m", ("B", 1), "region")
+    x, h = region.arg("x", ("B", 6)), region.arg("h", ("B", 3))
+    v, m = region.arg("v", (3,)), region.arg("m", ("B", 1))
     a = region.add(ops.slice_, [x], {"start": 0, "stop": 3})
     b = region.add(ops.slice_, [x], {"start": 3, "stop": 6})
     c = region.add(ops.concat, [a, h])
@@ -193,12 +194,12 @@ def _fused_program(reverse: bool) -> Program:
     region.outputs = {"o1": o1, "o2": o2, "o3": o3, "o2b": o2, "h": h}
 
     reducing = Graph("f32")
-    r = reducing.arg("r", ("B", 3), "region")
+    r = reducing.arg("r", ("B", 3))
     reducing.outputs = {"n": reducing.add(ops.sub, [r, reducing.add(ops.mean, [r])])}
 
     body = Graph("f32")
-    bx, bh = body.arg("x", ("B", 6), "seq"), body.arg("h", ("B", 3), "carry")
-    bv = body.arg("v2", (3,), "const")
+    bx, bh = body.arg("x", ("B", 6)), body.arg("h", ("B", 3))
+    bv = body.arg("v2", (3,))
     bm = body.add(ops.sum_, [bh])
     fused = body.add_fused(region, [bx, bh, bv, bm], "test")
     o1, o2, o3, o2b, hh = (body.get(fused, k, "test") for k in range(5))
@@ -208,10 +209,10 @@ def _fused_program(reverse: bool) -> Program:
     body.outputs = {"h": h_next, "y": o1, "z": o3, "s": o1, "w": o2}
 
     pre = Graph("f32")
-    pv = pre.arg("v", (3,), "param")
+    pv = pre.arg("v", (3,))
     pre.outputs = {"v2": pre.add(ops.add, [pv, pre.add(ops.constant, [], {"value": 0.5})])}
     post = Graph("f32")
-    py = post.arg("y", ("T", "B", 6), "stacked")
+    py = post.arg("y", ("T", "B", 6))
     post.outputs = {"q": post.add(ops.sum_rows, [py]),
                     "y2": post.add(ops.rsqrt, [post.add(ops.add, [
                         post.add(ops.mul, [py, py]), post.add(ops.constant, [], {"value": 1.0})])])}

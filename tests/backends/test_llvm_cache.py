@@ -183,7 +183,7 @@ def test_fingerprint_is_structure_with_exact_constants() -> None:
     assert any(n.op.name == "linear_scan" for n in optimized[0].pre.nodes())
     assert fingerprint(optimized[0]) != fingerprint(optimized[1])
     base = optimized[0]
-    variants = [retype(base, "f64"), replace(base, meta={**base.meta, "cell": "other"}),
+    variants = [retype(base, "f64"), replace(base, cell="other"),
                 replace(base, results=tuple(reversed(base.results))),
                 replace(base, scan=replace(base.scan, reverse=not base.scan.reverse))]
     assert len({fingerprint(p) for p in [base, *variants]}) == 1 + len(variants)

@@ -11,7 +11,8 @@ pytest.importorskip("llvmlite")
 
 from rnnc import ops  # noqa: E402
 from rnnc.backends.llvm.runtime import LlvmBackend  # noqa: E402
-from rnnc.ir import Carry, Graph, Program, Scan, Type, verify  # noqa: E402
+from rnnc.ir import Carry, Graph, Program, Scan, Type  # noqa: E402
+from rnnc.verify import verify  # noqa: E402
 
 # Not registered: no table of any backend knows them.
 REVERSE = ops.Op("reverse", ops.OpKind.LAYOUT, 1, lambda a: a, lambda x: x[..., ::-1],
@@ -31,8 +32,8 @@ MIRROR = ops.Op("mirror", ops.OpKind.LAYOUT, 2, lambda a, b: a[:-1] + (a[-1] + b
 
 def _program(width: int) -> Program:
     region = Graph("f64")
-    x = region.arg("x", ("B", width), "region")
-    h = region.arg("h", ("B", width), "region")
+    x = region.arg("x", ("B", width))
+    h = region.arg("h", ("B", width))
     r = region.add(REVERSE, [x])
     s = region.add(SHIFT, [x], {"by": 2})
     e = region.add(EVEN, [region.add(ops.add, [r, s])])
@@ -40,7 +41,7 @@ def _program(width: int) -> Program:
     region.outputs = {"h": region.add(ops.add, [h, r]), "e": e, "m": m}
 
     body = Graph("f64")
-    bx, bh = body.arg("x", ("B", width), "seq"), body.arg("h", ("B", width), "carry")
+    bx, bh = body.arg("x", ("B", width)), body.arg("h", ("B", width))
     fused = body.add_fused(region, [bx, bh], "test")
     body.outputs = {"h": body.get(fused, 0, "test"), "e": body.get(fused, 1, "test"),
                     "m": body.get(fused, 2, "test")}

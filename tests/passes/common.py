@@ -32,7 +32,7 @@ def environment(cell: rnnc.Cell, T: int = 4, B: int = 3, seed: int = 0) -> dict[
 def packed(program: Program, env: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """``env`` with user parameters packed into the program's parameter blocks."""
     env = dict(env)
-    for block in program.meta.get("layout", ()):
+    for block in program.layout:
         if len(block.members) > 1 or block.members[0][0] != block.name:
             env[block.name] = np.concatenate([env[m] for m, _, _ in block.members], axis=-1)
     return env

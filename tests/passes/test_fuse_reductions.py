@@ -16,9 +16,10 @@ from hypothesis import HealthCheck, given, settings
 import rnnc
 from rnnc import ops, passes
 from rnnc.backends.numpy.runtime import run_program
-from rnnc.ir import FUSED, Carry, Graph, Program, Scan, Type, retype, verify
+from rnnc.ir import FUSED, Carry, Graph, Program, Scan, Type, retype
 from rnnc.passes.fuse_elementwise import FEATURE_REDUCTIONS, _regions, fuse_elementwise
 from rnnc.tools.bench.configs import ln_lstm
+from rnnc.verify import verify
 from tests.strategies import random_cells, random_data
 
 MODES = ("inference", "forward", "backward")
@@ -240,15 +241,15 @@ def _mixed_program() -> Program:
     one thread per element on CUDA); in the loop a reduction with a result of fewer rows than
     the region (every row writes it)."""
     pre = Graph("f32")
-    p, x = pre.arg("P", (3, 4), "param"), pre.arg("x", ("T", "B", 4), "input")
+    p, x = pre.arg("P", (3, 4)), pre.arg("x", ("T", "B", 4))
     pp = pre.add(ops.mul, [p, p])
     ex = pre.add(ops.exp, [x])
     pre.outputs = {"ps": pre.add(ops.amax, [pp]), "xm": pre.add(ops.sub, [
         ex, pre.add(ops.mean, [ex])]), "pp": pp}
 
     body = Graph("f32")
-    h, xm, v = body.arg("h", ("B", 4), "carry"), body.arg("xm", ("B", 4), "seq"), \
-        body.arg("v", (4,), "const")
+    h, xm, v = body.arg("h", ("B", 4)), body.arg("xm", ("B", 4)), \
+        body.arg("v", (4,))
     vv = body.add(ops.tanh, [v])
     mixed = body.add(ops.add, [body.add(ops.mul, [h, vv]), xm])
     centred = body.add(ops.sub, [mixed, body.add(ops.amin, [mixed])])
@@ -257,7 +258,7 @@ def _mixed_program() -> Program:
     body.outputs = {"h": new, "y": new, "vv": vv}
 
     post = Graph("f32")
-    y = post.arg("y", ("T", "B", 4), "stacked")
+    y = post.arg("y", ("T", "B", 4))
     post.outputs = {"z": post.add(ops.mul, [y, post.add(ops.sum_, [y])])}
     scan = Scan(body, seqs=("xm",), consts=("v",), carries=(Carry("h", "h", "h.final"),),
                 stacked=("y",), summed=("vv",))

@@ -13,10 +13,10 @@ import pytest
 
 import rnnc
 from rnnc import ops, passes
-from rnnc.ir import verify
 from rnnc.passes import PASSES
 from rnnc.passes._affine import linear_coefficients
 from rnnc.printer import format_program
+from rnnc.verify import verify
 
 T, B = 5, 3
 LENGTHS = np.array([5, 2, 1])

@@ -69,7 +69,7 @@ def test_flat_parameters(name: str) -> None:
     ys_flat, st_flat = fn(x, flat)
     ys, st = fn(x, params)
     np.testing.assert_array_equal(ys_flat["y"], ys["y"])
-    layout = fn.program("inference").meta["layout"]
+    layout = fn.program("inference").layout
     members = [m[0] for b in layout for m in b.members]
     assert sorted(members) == sorted(params)
 

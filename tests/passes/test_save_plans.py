@@ -1,6 +1,6 @@
 """Save plans: the training forward stacks exactly what the backward reads.
 
-Every autodiff pass records its save plan (``program.meta["saves"]``, one plan per autodiff
+Every autodiff pass records its save plan (``Program.saves``, one plan per autodiff
 level); the program that stacks the saved values and the program that reads them carry the
 same plans, and ``check_save_plans`` (which ``Function`` runs before building a backward)
 rejects a pair that disagrees.
@@ -17,7 +17,7 @@ import rnnc
 from rnnc import passes
 from rnnc.ir import Type
 from rnnc.names import Role, is_saved
-from rnnc.passes.autodiff import SAVES, check_save_plans, save_plans
+from rnnc.passes.autodiff import check_save_plans
 
 CELLS = sorted(rnnc.cells.NAMED)
 READERS = ("backward", "forward.backward", "backward.backward", "backward.forward")
@@ -41,7 +41,7 @@ def test_save_writers() -> None:
 def test_plans_agree_for_the_builtin_cells(name: str, masked: bool, reverse: bool) -> None:
     fn = _function(name, reverse)
     forward = fn.program("forward", lengths=masked)
-    (plan,) = save_plans(forward)
+    (plan,) = forward.saves
     assert plan, "a recurrent cell saves something for its backward"
     assert [n for n, _ in plan] == [n for n in forward.results if is_saved(n)]
     for n, ty in plan:
@@ -51,15 +51,15 @@ def test_plans_agree_for_the_builtin_cells(name: str, masked: bool, reverse: boo
         for writer, level in passes.save_writers(reader):
             check_save_plans(fn.program(writer, lengths=masked), writer, program, reader, level)
     backward = fn.program("backward", lengths=masked)
-    assert save_plans(backward) == (plan,)
+    assert backward.saves == (plan,)
     assert {n: backward.args[n] for n, _ in plan} == {n: (Role.SAVED, t) for n, t in plan}
 
 
 def test_second_order_plans_number_after_the_first() -> None:
     fn = _function("lstm")
-    first, second = save_plans(fn.program("backward.backward"))
-    assert save_plans(fn.program("backward.forward")) == (first, second)
-    assert first == save_plans(fn.program("forward"))[0]
+    first, second = fn.program("backward.backward").saves
+    assert fn.program("backward.forward").saves == (first, second)
+    assert first == fn.program("forward").saves[0]
     assert {n for n, _ in first}.isdisjoint(n for n, _ in second)
     top = max(int(n.split(".")[1]) for n, _ in first)
     assert min(int(n.split(".")[1]) for n, _ in second) == top + 1
@@ -76,13 +76,13 @@ def test_oracle_plans_agree(masked: bool) -> None:
 
 
 def _with_plans(program, plans):
-    return replace(program, meta={**program.meta, SAVES: plans})
+    return replace(program, saves=plans)
 
 
 def test_a_plan_mismatch_is_detected() -> None:
     fn = _function("gru")
     forward, backward = fn.program("forward"), fn.program("backward")
-    (plan,) = save_plans(backward)
+    (plan,) = backward.saves
     check_save_plans(forward, "forward", backward, "backward", 1)
     with pytest.raises(RuntimeError, match="internal error.*save plans differ"):
         check_save_plans(forward, "forward", _with_plans(backward, (plan[:-1],)),
@@ -109,6 +109,6 @@ def test_function_refuses_a_backward_whose_plan_disagrees() -> None:
     _, _, tape = fn.forward(x, params)
     key = ("backward", "f32", False)
     backward = fn.program(*key)
-    fn._programs[key] = _with_plans(backward, (save_plans(backward)[0][1:],))
+    fn._programs[key] = _with_plans(backward, (backward.saves[0][1:],))
     with pytest.raises(RuntimeError, match="'backward' must read what 'forward' saves"):
         fn.backward(tape)

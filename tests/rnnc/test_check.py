@@ -236,7 +236,7 @@ def _scale_a_summed_gradient(hoist):
     """hoist-sequence, then (in second-order programs only) a summed result doubled."""
     def wrong(program):
         program = hoist(program)
-        if len(passes.autodiff.save_plans(program)) < 2 or not program.scan.summed:
+        if len(program.saves) < 2 or not program.scan.summed:
             return program
         body = program.scan.body.copy()
         name = program.scan.summed[0]

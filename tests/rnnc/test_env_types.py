@@ -14,8 +14,9 @@ import pytest
 import rnnc
 from rnnc.backends.numpy.runtime import run_program
 from rnnc.fingerprint import fingerprint
-from rnnc.ir import STAGES, Type, verify
+from rnnc.ir import STAGES, Type
 from rnnc.names import cotangent, final_state
+from rnnc.verify import verify
 from tests.passes.common import environment, packed
 
 T, B = 4, 3

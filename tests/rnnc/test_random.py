@@ -320,7 +320,7 @@ def test_the_save_plan_holds_no_mask() -> None:
     program = passes.run(cell.program(), ["canonicalize", "fuse-gate-matmuls",
                                           "autodiff-forward"])
     body = program.scan.body
-    (plan,) = program.meta["saves"]
+    (plan,) = program.saves
     assert plan, "the cell saves something (tanh's output)"
     for name, _ in plan:
         node = body.node(body.outputs[name])
