@@ -64,10 +64,10 @@ class CacheWarning(UserWarning):
 
 def default_root() -> Path:
     """The directory under which every rnnc cache lives (see the module docstring)."""
-    configured = os.environ.get("RNNC_CACHE_DIR")
+    configured = process.CACHE_DIR.value()
     if configured:
         return Path(configured).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    base = process.XDG_CACHE_HOME.value() or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "rnnc"
 
 
@@ -338,7 +338,7 @@ def disk_bound() -> int:
     """The bound of one cache directory's entries in bytes: ``$RNNC_DISK_CACHE_MB`` (MiB, a
     finite number >= 0) or :data:`DISK_CACHE_MB`; any other value (``inf``, ``nan``, ``-1``,
     ``lots``) warns once and is ignored, so that a store still never raises."""
-    return int(process.env_mib("RNNC_DISK_CACHE_MB", DISK_CACHE_MB, CacheWarning) * (1 << 20))
+    return int(process.env_mib(process.DISK_CACHE, DISK_CACHE_MB, CacheWarning) * (1 << 20))
 
 
 def _touch(path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Process-wide state: the bounds of rnnc's caches, its environment numbers, one fork policy.
+"""Process-wide state: the bounds of rnnc's caches, the environment it reads, one fork policy.
 
 Every lock, pool and cache that lives as long as the process follows one policy for ``fork()``,
 kept here and registered with ``os.register_at_fork`` once:
@@ -13,7 +13,14 @@ kept here and registered with ``os.register_at_fork`` once:
 The bounds of the in-memory caches are named here, so that one place says what the process
 may keep: optimized programs (:data:`PASS_CACHE_PROGRAMS`), the standard cells' compiled
 functions shared by layers (:data:`LAYER_CACHE_FUNCTIONS`), loaded LLVM code
-(:data:`CODE_CACHE_MB`) and each disk cache directory (:data:`DISK_CACHE_MB`).
+(:data:`CODE_CACHE_MB` per directory, :data:`CODE_CACHE_DIRECTORIES` directories), the
+measured GEMM choices (:data:`GEMM_CHOICES`) and each disk cache directory
+(:data:`DISK_CACHE_MB`); :data:`CACHE_BOUNDS` lists them all.
+
+Every environment variable rnnc reads is declared here once, as an :class:`EnvVar` with what
+it means and how its text is read; modules ask the declaration (``process.THREADS.value()``)
+and never ``os.environ`` (``tests/rnnc/test_process_state.py`` checks it, and
+``docs/environment.md`` lists them).
 """
 
 from __future__ import annotations
@@ -23,8 +30,12 @@ import os
 import threading
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
+
+from rnnc.errors import RnncValueError
 
 # Optimized programs kept by rnnc.passes.run_cached, least recently used first out.
 PASS_CACHE_PROGRAMS = 128
@@ -35,6 +46,18 @@ LAYER_CACHE_FUNCTIONS = 32
 CODE_CACHE_MB = 256
 # The default bound of one disk cache directory's entries ($RNNC_DISK_CACHE_MB).
 DISK_CACHE_MB = 2048
+# In-memory LLVM code caches kept at once, one per cache directory (least recently used first
+# out; a compiled function keeps its own code, so eviction never breaks one).
+CODE_CACHE_DIRECTORIES = 8
+# GEMM library choices the LLVM backend remembers (one per GEMM shape; oldest first out).
+GEMM_CHOICES = 4096
+# Every bound above, by the cache it bounds.
+CACHE_BOUNDS = {"optimized programs": "PASS_CACHE_PROGRAMS",
+                "layer functions": "LAYER_CACHE_FUNCTIONS",
+                "LLVM code in memory, per directory (MiB)": "CODE_CACHE_MB",
+                "LLVM code cache directories": "CODE_CACHE_DIRECTORIES",
+                "GEMM choices": "GEMM_CHOICES",
+                "one disk cache directory (MiB)": "DISK_CACHE_MB"}
 
 Hook = Callable[[], None]
 _before: list[Hook] = []
@@ -103,20 +126,113 @@ if hasattr(os, "register_at_fork"):
                         after_in_child=_run_after_in_child)
 
 
-def env_mib(name: str, default: float, warning: type[Warning] = UserWarning) -> float:
-    """The MiB in ``$name``: a finite number >= 0, else ``default``; a value that is not one
-    (``inf``, ``nan``, ``-1``, ``lots``) warns once and is ignored."""
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        mib = float(value)
-    except ValueError:
-        mib = math.nan
-    if math.isfinite(mib) and mib >= 0:
+# -- the environment
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One environment variable rnnc reads: its name, what it means, and how its text reads.
+
+    ``parse`` takes the stripped, non-empty text and returns the value, or raises
+    ``RnncValueError`` naming the variable and what it expects."""
+
+    name: str
+    doc: str
+    parse: Callable[[str], Any] = str
+
+    def text(self) -> str:
+        """The variable's text, stripped; empty where it is unset."""
+        return os.environ.get(self.name, "").strip()
+
+    def value(self, default: Any = None) -> Any:
+        """The parsed value, or ``default`` where the variable is unset or empty."""
+        text = self.text()
+        return self.parse(text) if text else default
+
+
+ENV: dict[str, EnvVar] = {}  # every variable rnnc reads, by name
+
+
+def _declare(name: str, doc: str, parse: Callable[[str], Any] = str) -> EnvVar:
+    ENV[name] = EnvVar(name, doc, parse)
+    return ENV[name]
+
+
+SECOND_ORDER_CHECK = "second-order"  # check= (and RNNC_CHECK=) that adds double backward
+MAX_THREADS = 1024  # the most BLAS threads the LLVM backend sets (threads=, RNNC_THREADS)
+
+
+def _threads(text: str) -> int:
+    # isascii: str.isdigit accepts digits such as "²" that int() refuses.
+    if not (text.isascii() and text.isdigit() and 1 <= int(text) <= MAX_THREADS):
+        raise RnncValueError(f"RNNC_THREADS must be a whole number of BLAS threads from 1 "
+                             f"to {MAX_THREADS}, got {text!r}; unset it to use every core")
+    return int(text)
+
+
+def _mib(name: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            mib = float(text)
+        except ValueError:
+            mib = math.nan
+        if not (math.isfinite(mib) and mib >= 0):
+            raise RnncValueError(f"{name} must be a number of MiB >= 0, got {text!r}")
         return mib
-    if name not in _warned:
-        _warned.add(name)
-        warnings.warn(f"{name}={value!r} is not a finite number of MiB >= 0; using the "
+    return parse
+
+
+CHECK = _declare("RNNC_CHECK", "check= where compile leaves it out: 0 is off, second-order adds "
+                 "double backward, anything else is on",
+                 lambda t: SECOND_ORDER_CHECK if t == SECOND_ORDER_CHECK else t != "0")
+CACHE_DIR = _declare("RNNC_CACHE_DIR", "the directory under which every rnnc cache lives")
+XDG_CACHE_HOME = _declare("XDG_CACHE_HOME", "where RNNC_CACHE_DIR is unset, the cache root is "
+                          "$XDG_CACHE_HOME/rnnc (default ~/.cache/rnnc)")
+DISK_CACHE = _declare("RNNC_DISK_CACHE_MB", f"the bound of one disk cache directory in MiB "
+                      f"(default {DISK_CACHE_MB}); a bad value warns and is ignored",
+                      _mib("RNNC_DISK_CACHE_MB"))
+CODE_CACHE = _declare("RNNC_CODE_CACHE_MB", f"the bound of the in-memory LLVM code cache in MiB "
+                      f"(default {CODE_CACHE_MB}; 0 keeps none)", _mib("RNNC_CODE_CACHE_MB"))
+BLAS = _declare("RNNC_BLAS", "the LLVM backend's BLAS (openblas, mkl, scipy) where blas= is "
+                "left out; unset picks the fastest installed per GEMM shape")
+THREADS = _declare("RNNC_THREADS", f"the LLVM backend's BLAS threads where threads= is left "
+                   f"out, 1 to {MAX_THREADS} (default: the cores this process may use)",
+                   _threads)
+TEAM = _declare("RNNC_TEAM", "0 turns the LLVM backend's thread team off where team= is left "
+                "out", lambda t: t != "0")
+OPENBLAS_THREAD_TIMEOUT = _declare(
+    "OPENBLAS_THREAD_TIMEOUT", "read by OpenBLAS when it loads; where unset, rnnc sets it "
+    "while its own OpenBLAS loads (rnnc.backends.llvm.blas.THREAD_TIMEOUT) and removes it after")
+
+
+@contextmanager
+def default_while(var: EnvVar, value: str) -> Iterator[None]:
+    """``var`` = ``value`` inside the block, for a library that reads it then, unless the
+    caller set it; removed again afterwards, so that nothing loaded later sees it."""
+    if var.name in os.environ:
+        yield
+        return
+    os.environ[var.name] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(var.name, None)
+
+
+def child_environment(**overrides: str) -> dict[str, str]:
+    """This process's environment with ``overrides``: for a subprocess rnnc starts."""
+    return {**os.environ, **overrides}
+
+
+def env_mib(var: EnvVar, default: float, warning: type[Warning] = UserWarning) -> float:
+    """The MiB in ``var``: a finite number >= 0, else ``default``; a value that is not one
+    (``inf``, ``nan``, ``-1``, ``lots``) warns once and is ignored."""
+    try:
+        return var.value(default)
+    except RnncValueError:
+        pass
+    if var.name not in _warned:
+        _warned.add(var.name)
+        warnings.warn(f"{var.name}={var.text()!r} is not a finite number of MiB >= 0; using the "
                       f"default {default:g}", warning, stacklevel=3)
     return default

@@ -6,22 +6,21 @@ Both read the process (the environment, a trial run of LLVM) once, here, at the 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 
+from rnnc import process
 from rnnc.errors import RnncValueError
 
-SECOND_ORDER_CHECK = "second-order"  # check= (and RNNC_CHECK=) that adds double backward
+SECOND_ORDER_CHECK = process.SECOND_ORDER_CHECK  # check= that adds double backward
 
 
 def check_option(check: Any) -> bool | str:
     """``check=`` checked: False, True or "second-order"; None reads ``RNNC_CHECK`` (unset,
     empty or "0" is False, "second-order" adds second order, anything else is True)."""
     if check is None:
-        value = os.environ.get("RNNC_CHECK", "").strip()
-        return SECOND_ORDER_CHECK if value == SECOND_ORDER_CHECK else value not in ("", "0")
+        return process.CHECK.value(False)
     if isinstance(check, bool) or check == SECOND_ORDER_CHECK:
         return check
     raise RnncValueError(f"check must be True, False or {SECOND_ORDER_CHECK!r} (which also "

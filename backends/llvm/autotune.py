@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rnnc import diskcache
+from rnnc import diskcache, process
 from rnnc.backends.llvm import blas
 
 __all__ = ["candidate_names", "choose", "choose_for_site", "split_candidate"]
@@ -27,7 +27,7 @@ __all__ = ["candidate_names", "choose", "choose_for_site", "split_candidate"]
 ONE_CORE = 1 << 16
 ALL_CORES = 1 << 27
 
-_CHOICES: dict[str, str] = {}
+_CHOICES: dict[str, str] = {}  # oldest first out beyond process.GEMM_CHOICES
 
 # The tuning file holds one short entry per GEMM shape and candidate set.
 _MAX_TUNING_BYTES = 1 << 20
@@ -112,14 +112,19 @@ def choose(
     path = Path(cache_dir if cache_dir is not None else _default_cache_dir()) / "blas.json"
     stored = _read_choices(path)
     if stored.get(key) in names:
-        _CHOICES[key] = stored[key]
-        return stored[key]
-    best = min(names, key=lambda name: _measure(name, m, n, k, dtype, reps))
-    _CHOICES[key] = best
+        return _remember(key, stored[key])
+    best = _remember(key, min(names, key=lambda name: _measure(name, m, n, k, dtype, reps)))
     stored = _read_choices(path)  # another process may have written meanwhile
     stored[key] = best
     _write_choices(path, stored)
     return best
+
+
+def _remember(key: str, choice: str) -> str:
+    _CHOICES[key] = choice
+    while len(_CHOICES) > process.GEMM_CHOICES:
+        del _CHOICES[next(iter(_CHOICES))]
+    return choice
 
 
 def _measure(name: str, m: int, n: int, k: int, dtype: np.dtype, reps: int) -> float:

@@ -26,14 +26,16 @@ import importlib
 import importlib.metadata
 import os
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+
+from rnnc import process
 
 __all__ = [
     "Blas",
@@ -102,19 +104,10 @@ def _load_openblas() -> Blas | None:
 THREAD_TIMEOUT = 4
 
 
-@contextmanager
-def _short_thread_timeout() -> Iterator[None]:
+def _short_thread_timeout() -> AbstractContextManager[None]:
     """``OPENBLAS_THREAD_TIMEOUT`` = :data:`THREAD_TIMEOUT` while rnnc's own OpenBLAS loads
-    (it reads the variable once, then), unless the caller set it; removed again afterwards, so
-    that no library loaded later sees it."""
-    if "OPENBLAS_THREAD_TIMEOUT" in os.environ:
-        yield
-        return
-    os.environ["OPENBLAS_THREAD_TIMEOUT"] = str(THREAD_TIMEOUT)
-    try:
-        yield
-    finally:
-        os.environ.pop("OPENBLAS_THREAD_TIMEOUT", None)
+    (it reads the variable once, then), unless the caller set it."""
+    return process.default_while(process.OPENBLAS_THREAD_TIMEOUT, str(THREAD_TIMEOUT))
 
 
 def _bind_cblas(name: str, library: ctypes.CDLL, prefix: str, set_num_threads_symbol: str

@@ -303,6 +303,7 @@ class CodeCache:
             return None
 
 
+# Least recently used first out beyond process.CODE_CACHE_DIRECTORIES.
 _CACHES: dict[Path | None, CodeCache] = {}
 _CACHES_LOCK = process.Lock()
 
@@ -311,9 +312,10 @@ def code_cache(root: Path | None, limit: int | None = None) -> CodeCache:
     """The process-wide cache for one cache directory (None: memory only); ``limit`` (bytes)
     rebounds its memory part when given."""
     with _CACHES_LOCK:
-        if root not in _CACHES:
-            _CACHES[root] = CodeCache(root)
-        found = _CACHES[root]
+        found = _CACHES.pop(root, None)
+        _CACHES[root] = found = CodeCache(root) if found is None else found  # most recent
+        while len(_CACHES) > max(1, process.CODE_CACHE_DIRECTORIES):
+            del _CACHES[next(iter(_CACHES))]
     if limit is not None:
         found.set_limit(limit)
     return found

@@ -54,7 +54,7 @@ from rnnc.ir import Program
 _ALIGN = 64
 _SIGNATURE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                               ctypes.c_void_p)
-MAX_THREADS = 1024
+MAX_THREADS = process.MAX_THREADS
 # Multiply-adds of the recurrent products of one step (B times the weights' sizes) from which
 # a sequence runs on the thread team; below it, a team spends more time meeting than working.
 TEAM_MIN_WORK = 1 << 22
@@ -251,7 +251,7 @@ class LlvmBackend:
                  code_cache_mb: float | None = None, team: bool | None = None,
                  team_split: str = "columns", **options: Any) -> None:
         backends.refuse_unknown_options(self.name, LlvmBackend.__init__, options)
-        name = blas if blas is not None else os.environ.get("RNNC_BLAS") or None
+        name = blas if blas is not None else process.BLAS.value()
         try:
             self.blas = blas_lib.get(name)
         except ValueError as err:
@@ -261,7 +261,7 @@ class LlvmBackend:
         self.libraries = [self.blas] if name else blas_lib.same_convention(self.blas)
         self.threads = _threads_option(threads)
         if team is None:
-            team = os.environ.get("RNNC_TEAM", "").strip() != "0"
+            team = process.TEAM.value(True)
         if not isinstance(team, bool):
             raise RnncTypeError(f"team must be True or False, got {team!r}")
         self.team = team
@@ -325,14 +325,7 @@ class LlvmBackend:
 def _threads_option(threads: int | None) -> int:
     """The BLAS thread count from ``threads=`` or ``$RNNC_THREADS``, checked."""
     if threads is None:
-        env = os.environ.get("RNNC_THREADS", "").strip()
-        if not env:
-            return min(_cores(), MAX_THREADS)
-        # isascii: str.isdigit accepts digits such as "²" that int() refuses.
-        if not (env.isascii() and env.isdigit() and 1 <= int(env) <= MAX_THREADS):
-            raise RnncValueError(f"RNNC_THREADS must be a whole number of BLAS threads from 1 "
-                                 f"to {MAX_THREADS}, got {env!r}; unset it to use every core")
-        return int(env)
+        return process.THREADS.value() or min(_cores(), MAX_THREADS)
     if not isinstance(threads, int) or isinstance(threads, bool) or \
             not 1 <= threads <= MAX_THREADS:
         raise RnncValueError(f"threads must be a whole number of BLAS threads from 1 to "
@@ -343,19 +336,13 @@ def _threads_option(threads: int | None) -> int:
 def _memory_bound(code_cache_mb: float | None) -> int | None:
     """The in-memory code cache bound in bytes from ``code_cache_mb=`` or
     ``$RNNC_CODE_CACHE_MB``; None keeps the cache's current bound."""
-    where, value = "code_cache_mb", code_cache_mb
+    value = code_cache_mb
     if value is None:
-        where, value = "RNNC_CODE_CACHE_MB", os.environ.get("RNNC_CODE_CACHE_MB", "").strip()
-        if not value:
-            return None
-        try:
-            value = float(value)
-        except ValueError:
-            value = None
+        value = process.CODE_CACHE.value()
+        return None if value is None else int(value * (1 << 20))
     if isinstance(value, bool) or not isinstance(value, int | float) or \
             not math.isfinite(value) or value < 0:
-        shown = code_cache_mb if where == "code_cache_mb" else os.environ["RNNC_CODE_CACHE_MB"]
-        raise RnncValueError(f"{where} must be a number of MiB >= 0 (0 keeps no compiled code "
-                             f"in memory), got {shown!r}")
+        raise RnncValueError(f"code_cache_mb must be a number of MiB >= 0 (0 keeps no compiled "
+                             f"code in memory), got {code_cache_mb!r}")
     return int(value * (1 << 20))
 

@@ -18,6 +18,7 @@ import json
 import os
 import sys
 
+from rnnc import process
 from rnnc.tools.bench.configs import (
     CELLS,
     CONFIGS,
@@ -87,7 +88,7 @@ def _set_threads(args: argparse.Namespace, peers: list[str], threads: int) -> di
     if team is not None and args.backend == "llvm":
         options["team"] = team
     if team is None:
-        team = os.environ.get("RNNC_TEAM", "").strip() != "0"
+        team = process.TEAM.value(True)
     on_team = args.backend == "llvm" and team and threads > 1
     used = [f"rnnc {threads if options else 1}" + (" (team)" if on_team else "")]
     if {"torch", "eager"} & set(peers):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from typing import Any
 import numpy as np
 
 import rnnc
+from rnnc import process
 from rnnc.tools.bench.configs import CELLS, CellSpec, Config, layer_params
 from rnnc.tools.bench.peers import jax_call, torch_builtin_call, torch_eager_call
 
@@ -187,7 +187,7 @@ def compile_times(backend: str, options: dict, size: int) -> dict[str, float]:
     in the same process hits the in-memory cache; a second process hits the disk cache.
     """
     with tempfile.TemporaryDirectory(prefix="rnnc-bench-") as tmp:
-        env = dict(os.environ, HOME=tmp, XDG_CACHE_HOME=tmp, RNNC_CACHE_DIR=tmp)
+        env = process.child_environment(HOME=tmp, XDG_CACHE_HOME=tmp, RNNC_CACHE_DIR=tmp)
         argv = [sys.executable, "-c", _COMPILE_SCRIPT, backend, json.dumps(options), str(size)]
         results = []
         for _ in range(2):
