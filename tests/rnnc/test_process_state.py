@@ -43,6 +43,12 @@ def test_only_process_reads_the_environment() -> None:
     assert environment_reads(OWNER.read_text())  # the check sees a read where there is one
 
 
+def test_only_process_registers_fork_handlers() -> None:
+    registering = [str(p.relative_to(ROOT)) for p in SOURCES
+                   if "register_at_fork" in p.read_text() and p != OWNER]
+    assert registering == []  # the others register with process.at_fork
+
+
 def test_the_check_sees_every_kind_of_read() -> None:
     for text in ("import os\nx = os.environ['A']", "import os\nos.getenv('A')",
                  "from os import environ", "import os\nos.environ.pop('A', None)"):
