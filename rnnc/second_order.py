@@ -2,6 +2,12 @@
 
 :func:`double_backward` is :meth:`rnnc.api.Function.double_backward`; it runs the backward of
 the backward program and the forward's backward through the values the forward saved.
+
+A module of its own, not a part of ``rnnc.api``: a second derivative is a client of a compiled
+function, not a way of running one. It needs only the public hooks that :class:`Function`
+below names (the runners of the second-order modes, the saved values, the cotangents flowing
+in, and how gradients sum), like ``rnnc.check`` does, and ``tests/test_architecture.py``
+checks that neither reaches a private attribute.
 """
 
 from __future__ import annotations
