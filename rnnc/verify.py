@@ -13,10 +13,13 @@ import networkx as nx
 
 from rnnc import ops
 from rnnc.ir import ARG, FUSED, GET, Graph, Node, Program, Scan, TupleType, Type
+from rnnc.names import Role
 
 
 def verify(program: Program) -> None:
     """Check the program's structure and types; raise AssertionError naming the fault."""
+    for name, (role, _) in program.args.items():
+        assert isinstance(role, Role), f"arg {name!r}: role {role!r} is not a Role"
     _check_graph(program.pre, "pre", program.env_types("args"), program.dtype)
     bound = _scan_bindings(program.scan, program.env_types("pre"))
     _check_graph(program.scan.body, "scan", bound, program.dtype)

@@ -23,6 +23,7 @@ from rnnc.backends.steps import NUMPY_DTYPES
 from rnnc.composites import layer_norm
 from rnnc.errors import BackendUnavailable, RnncValueError
 from rnnc.ir import Carry, Graph, Program, Scan, Type
+from rnnc.names import Role
 from rnnc.verify import verify
 
 I, H, T, B = 3, 4, 5, 3
@@ -211,8 +212,8 @@ def layout_program(dtype: str, reverse: bool) -> Program:
     post.outputs = {"gW": post.add(ops.matmul, (x2, y), {"transpose_a": True}),
                     "bias": post.add(ops.sum_rows, (y,)),
                     "rsq": post.add(ops.rsqrt, (post.add(ops.exp, (y,)),))}
-    args = {"x": ("input", f("T", "B", 3)), "W": ("param", f(3, 8)), "U": ("param", f(4, 8)),
-            "h": ("state", f("B", 4))}
+    args = {"x": (Role.INPUT, f("T", "B", 3)), "W": (Role.PARAM, f(3, 8)),
+            "U": (Role.PARAM, f(4, 8)), "h": (Role.STATE, f("B", 4))}
     program = Program(args, pre, scan, post, ("y", "z", "acc", "h.final", "gW", "bias", "rsq"),
                       dtype)
     verify(program)
@@ -257,9 +258,9 @@ def test_broadcasting_and_carries_passed_through(emulate: bool) -> None:
     body.outputs = {"acc": body.add(ops.add, (acc, s)), "p": q, "q": p, "prev": acc}
     carries = tuple(Carry(n, n, f"{n}.final") for n in ("acc", "p", "q"))
     scan = Scan(body, seqs=("s",), consts=(), carries=carries, stacked=("prev",))
-    args = {"a": ("input", f("T", "B", 4)), "b": ("input", f("T", 1, 4)),
-            "c": ("input", f("B", 1)), "acc": ("state", f("B", 4)), "p": ("state", f("B", 4)),
-            "q": ("state", f("B", 4))}
+    args = {"a": (Role.INPUT, f("T", "B", 4)), "b": (Role.INPUT, f("T", 1, 4)),
+            "c": (Role.INPUT, f("B", 1)), "acc": (Role.STATE, f("B", 4)),
+            "p": (Role.STATE, f("B", 4)), "q": (Role.STATE, f("B", 4))}
     program = Program(args, pre, scan, Graph("f32"),
                       ("prev", "acc.final", "p.final", "q.final"), "f32")
     verify(program)

@@ -14,6 +14,7 @@ from rnnc import ops
 from rnnc.backends.cuda import rules
 from rnnc.backends.cuda.runtime import CudaBackend
 from rnnc.ir import Graph, Program, Scan, Type
+from rnnc.names import Role
 from rnnc.verify import verify
 
 T, B = 2, 3
@@ -53,7 +54,7 @@ def _program(op: ops.Op, widths: list[int], attrs: dict) -> Program:
     out = pre.add(op, xs, attrs)
     pre.outputs = {"y": pre.add(ops.tanh, [out])}  # a consumer in the same graph
     pre.outputs["z"] = out
-    args = {f"x{i}": ("input", Type("f32", ("T", "B", w))) for i, w in enumerate(widths)}
+    args = {f"x{i}": (Role.INPUT, Type("f32", ("T", "B", w))) for i, w in enumerate(widths)}
     scan = Scan(Graph("f32"), seqs=(), consts=(), carries=(), stacked=())
     program = Program(args, pre, scan, Graph("f32"), ("y", "z"), "f32")
     verify(program)

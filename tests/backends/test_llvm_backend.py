@@ -20,6 +20,7 @@ from rnnc.backends.llvm import autotune, blas  # noqa: E402
 from rnnc.backends.llvm.runtime import LlvmBackend  # noqa: E402
 from rnnc.backends.numpy.runtime import run_program  # noqa: E402
 from rnnc.ir import Carry, Graph, Program, Scan, Type, retype  # noqa: E402
+from rnnc.names import Role
 from rnnc.verify import verify  # noqa: E402
 from tests.strategies import random_cells, random_data  # noqa: E402
 
@@ -218,8 +219,8 @@ def _fused_program(reverse: bool) -> Program:
                         post.add(ops.mul, [py, py]), post.add(ops.constant, [], {"value": 1.0})])])}
     scan = Scan(body, seqs=("x",), consts=("v2",), carries=(Carry("h", "h", "h.final"),),
                 stacked=("y", "z"), summed=("s", "w"), reverse=reverse)
-    args = {"x": ("input", Type("f32", ("T", "B", 6))), "h": ("state", Type("f32", ("B", 3))),
-            "v": ("param", Type("f32", (3,)))}
+    args = {"x": (Role.INPUT, Type("f32", ("T", "B", 6))), "h": (Role.STATE, Type("f32", ("B", 3))),
+            "v": (Role.PARAM, Type("f32", (3,)))}
     program = Program(args, pre, scan, post, ("y", "z", "s", "w", "h.final", "q", "y2", "v2",
                                               "v"))
     verify(program)

@@ -12,6 +12,7 @@ pytest.importorskip("llvmlite")
 from rnnc import ops  # noqa: E402
 from rnnc.backends.llvm.runtime import LlvmBackend  # noqa: E402
 from rnnc.ir import Carry, Graph, Program, Scan, Type  # noqa: E402
+from rnnc.names import Role
 from rnnc.verify import verify  # noqa: E402
 
 # Not registered: no table of any backend knows them.
@@ -47,8 +48,8 @@ def _program(width: int) -> Program:
                     "m": body.get(fused, 2, "test")}
     scan = Scan(body, seqs=("x",), consts=(), carries=(Carry("h", "h", "h.final"),),
                 stacked=("e", "m"), summed=())
-    args = {"x": ("input", Type("f64", ("T", "B", width))),
-            "h": ("state", Type("f64", ("B", width)))}
+    args = {"x": (Role.INPUT, Type("f64", ("T", "B", width))),
+            "h": (Role.STATE, Type("f64", ("B", width)))}
     program = Program(args, Graph("f64"), scan, Graph("f64"), ("e", "m", "h.final"), dtype="f64")
     verify(program)
     return program

@@ -17,6 +17,7 @@ import rnnc
 from rnnc import ops, passes
 from rnnc.backends.numpy.runtime import run_program
 from rnnc.ir import FUSED, Carry, Graph, Program, Scan, Type, retype
+from rnnc.names import Role
 from rnnc.passes.fuse_elementwise import FEATURE_REDUCTIONS, _regions, fuse_elementwise
 from rnnc.tools.bench.configs import ln_lstm
 from rnnc.verify import verify
@@ -262,8 +263,8 @@ def _mixed_program() -> Program:
     post.outputs = {"z": post.add(ops.mul, [y, post.add(ops.sum_, [y])])}
     scan = Scan(body, seqs=("xm",), consts=("v",), carries=(Carry("h", "h", "h.final"),),
                 stacked=("y",), summed=("vv",))
-    args = {"x": ("input", Type("f32", ("T", "B", 4))), "h": ("state", Type("f32", ("B", 4))),
-            "v": ("param", Type("f32", (4,))), "P": ("param", Type("f32", (3, 4)))}
+    args = {"x": (Role.INPUT, Type("f32", ("T", "B", 4))), "h": (Role.STATE, Type("f32", ("B", 4))),
+            "v": (Role.PARAM, Type("f32", (4,))), "P": (Role.PARAM, Type("f32", (3, 4)))}
     program = Program(args, pre, scan, post, ("y", "h.final", "ps", "pp", "vv", "z"))
     verify(program)
     return program

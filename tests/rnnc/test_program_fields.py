@@ -8,11 +8,14 @@ from __future__ import annotations
 import dataclasses
 import pickle
 
+import pytest
+
 import rnnc
 from rnnc import passes
 from rnnc.ir import ARG, Program, Type
 from rnnc.layout import Block
 from rnnc.names import Role
+from rnnc.verify import verify
 
 
 def _gated() -> rnnc.Cell:
@@ -68,3 +71,11 @@ def test_each_field_is_part_of_the_identity_and_survives_pickling() -> None:
         program.cell, program.no_grad, program.layout, program.saves)
     assert again.fingerprint() == program.fingerprint()
     assert passes.run(again, []).fingerprint() == program.fingerprint()
+
+
+def test_the_verifier_refuses_a_role_that_is_not_a_role() -> None:
+    program = _gated().program()
+    args = {**program.args, "x": ("input", program.args["x"][1])}
+    with pytest.raises(AssertionError, match="arg 'x': role 'input' is not a Role"):
+        verify(dataclasses.replace(program, args=args))
+    verify(program)
