@@ -19,6 +19,15 @@ the result has the dtype of its operands.
 
 from __future__ import annotations
 
+from rnnc import (
+    ops_compare,
+    ops_elementwise,
+    ops_layout,
+    ops_matmul,
+    ops_random,
+    ops_reduce,
+    ops_scan,
+)
 from rnnc.op_types import (  # noqa: F401 - the shared types, as code names them: rnnc.ops.Op
     REGISTRY,
     Op,
@@ -29,52 +38,14 @@ from rnnc.op_types import (  # noqa: F401 - the shared types, as code names them
     op_named,
     register,
 )
-from rnnc.ops_compare import (  # noqa: F401
-    abs_,
-    clip,
-    greater,
-    greater_equal,
-    less,
-    less_equal,
-    maximum,
-    minimum,
-    relu,
-    where,
-)
-from rnnc.ops_elementwise import (  # noqa: F401
-    add,
-    constant,
-    cos,
-    div,
-    erf,
-    exp,
-    expm1,
-    floor,
-    floor_divide,
-    gelu,
-    log,
-    log1p,
-    log_sigmoid,
-    mod,
-    mul,
-    neg,
-    power,
-    round_,
-    rsqrt,
-    sigmoid,
-    silu,
-    sin,
-    softplus,
-    sqrt,
-    stop_gradient,
-    sub,
-    tanh,
-)
-from rnnc.ops_layout import concat, expand, pad, slice_  # noqa: F401
-from rnnc.ops_matmul import matmul  # noqa: F401
-from rnnc.ops_random import bernoulli  # noqa: F401
-from rnnc.ops_reduce import amax, amin, mean, sum_, sum_rows  # noqa: F401
-from rnnc.ops_scan import last_step, linear_scan  # noqa: F401
+
+FAMILIES = (ops_compare, ops_elementwise, ops_matmul, ops_reduce, ops_layout, ops_random,
+            ops_scan)
+
+# Every op of every family under the name its family gives it (rnnc.ops.add, rnnc.ops.slice_,
+# rnnc.ops.round_): a new op needs no line here.
+globals().update({name: value for family in FAMILIES for name, value in vars(family).items()
+                  if isinstance(value, Op)})
 
 PRIMITIVES: tuple[Op, ...] = tuple(REGISTRY.values())
 

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from rnnc import ops, philox
+from rnnc import ops_compare as compare
 from rnnc import ops_elementwise as elementwise
 
 
@@ -63,8 +64,12 @@ class CStyleRenderer:
     """C for one floating type (``"f32"`` or ``"f64"``): literals, calls, helper functions."""
 
     qualifier = "static inline"
-    functions = ("exp", "log", "log1p", "tanh", "sqrt", "fabs", "pow", "floor", "rint", "fmod",
-                 "sin", "cos", "erf", "erfc", "expm1", "copysign")
+    # C99's math functions a rule may call by name (CUDA has each in float and double); any
+    # other name is a helper rnnc_<name> of the prelude.
+    functions = ("exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "cbrt", "pow",
+                 "hypot", "fabs", "floor", "ceil", "trunc", "rint", "fmod", "copysign", "sin",
+                 "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "tanh", "asinh",
+                 "acosh", "atanh", "erf", "erfc", "lgamma", "tgamma")
 
     def __init__(self, dtype: str) -> None:
         assert dtype in ("f32", "f64"), dtype
@@ -369,7 +374,7 @@ RULES: dict[ops.Op, Callable[[Site], str]] = {
     elementwise.round_: _function("rint"),  # the default rounding mode: halves to even
     elementwise.mod: lambda s: s.r.call("mod", s.at(0), s.at(1)),
     elementwise.floor_divide: lambda s: s.r.call("floor_divide", s.at(0), s.at(1)),
-    elementwise.clip: _clip,
+    compare.clip: _clip,
     elementwise.sin: _function("sin"),
     elementwise.cos: _function("cos"),
     elementwise.log_sigmoid: _function("log_sigmoid"),
