@@ -55,4 +55,6 @@ def _vjp_bernoulli(e, g, xs, y, **attrs: Any):
 
 # rnnc.bernoulli(p, like, ...) takes attributes, not operands: rnnc/dsl_random.py writes it.
 bernoulli = register(Op("bernoulli", OpKind.ELEMENTWISE, 2, bernoulli_shape, bernoulli_ref,
-                        _vjp_bernoulli, random=True))
+                        _vjp_bernoulli, random=True,
+                        doc="A 0.0/1.0 mask, 1.0 with probability ``p``, drawn by Philox from "
+                            "``rng.key`` and ``rng.counter``; no gradient."))

@@ -166,3 +166,28 @@ def test_family_kernels_compile_to_ptx(dtype: str) -> None:
     ptx = compile_ptx(modules[0].prelude + "".join(m.kernel_text for m in modules), "sm_80")
     for module in modules:
         assert all(f".entry {kernel}(" in ptx for kernel in module.kernels)
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_percent_and_floor_division_on_values_on_every_backend(backend: str, dtype) -> None:
+    """``%`` and ``//`` on traced values, with a traced or a constant side, are NumPy's."""
+    cell = rnnc.Cell("operators")
+    h = cell.state("h", W)
+    cell.update(h=h)
+    x, d = cell.input("x", W), cell.input("d", W)
+    outputs = {"x_mod_d": x % d, "x_mod_c": x % 1.5, "c_mod_d": 2.0 % d,
+               "x_div_d": x // d, "x_div_c": x // 0.75, "c_div_d": 7.0 // d}
+    for name, value in outputs.items():
+        cell.output(name, value)
+    rng = np.random.default_rng(11)
+    xs = rng.uniform(-6.0, 6.0, (T, B, W)).astype(dtype)
+    ds = elementwise.MEMBERS["mod"].draws[1](rng, (T, B, W)).astype(dtype)
+    ys, _ = rnnc.compile(cell, **BACKENDS[backend])({"x": xs, "d": ds}, {})
+    c = dtype  # the constants, in the program's dtype
+    want = {"x_mod_d": np.mod(xs, ds), "x_mod_c": np.mod(xs, c(1.5)), "c_mod_d": np.mod(c(2.0), ds),
+            "x_div_d": np.floor_divide(xs, ds), "x_div_c": np.floor_divide(xs, c(0.75)),
+            "c_div_d": np.floor_divide(c(7.0), ds)}
+    for name, value in want.items():
+        assert ys[name].dtype == dtype
+        np.testing.assert_array_equal(ys[name], value, err_msg=f"{name} on {backend}")
