@@ -159,6 +159,19 @@ class Member:
     test_attrs: dict[str, Any] = field(default_factory=dict)
 
 
+def declare_elementwise(table: list[Member], name: str, arity: int, ref: Callable[..., Any],
+                        vjp: Callable[..., Any], doc: str, draws: tuple[Draw, ...] = (),
+                        shape: Callable[..., Any] = elementwise_shape, dsl_function: bool = True,
+                        **member: Any) -> Op:
+    """Register an elementwise op and append its row to ``table``: ``shape`` when it is not
+    broadcasting, ``dsl_function=False`` for an op written as an operator, ``member`` the
+    :class:`Member` fields (``attributes``, ``test_attrs``)."""
+    op = register(Op(name, OpKind.ELEMENTWISE, arity, shape, ref, vjp, doc=doc,
+                     dsl_function=dsl_function))
+    table.append(Member(op, draws, **member))
+    return op
+
+
 def normal(scale: float) -> Draw:
     """Normal operands of standard deviation ``scale``."""
     return lambda rng, shape: rng.standard_normal(shape) * scale

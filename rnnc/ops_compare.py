@@ -11,6 +11,7 @@ cotangent to a where a == b (the value returned is a there too); abs(x) has grad
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -19,18 +20,15 @@ import numpy as np
 
 from rnnc.errors import ShapeError
 from rnnc.op_types import (
-    Draw,
     Member,
-    Op,
-    OpKind,
     Shape,
     away_from_zero,
     const,
+    declare_elementwise,
     elementwise_shape,
     normal,
     off_integers,
     op_named,
-    register,
 )
 
 # ---------------------------------------------------------------- references
@@ -130,14 +128,8 @@ def _vjp_clip(e, g, xs, y, lo, hi):
 # ---------------------------------------------------------------- the declarations
 
 
-def _declare(name: str, arity: int, ref, vjp, doc: str, draws: tuple[Draw, ...] = (),
-             shape=elementwise_shape, **extra: Any) -> Op:
-    op = register(Op(name, OpKind.ELEMENTWISE, arity, shape, ref, vjp, doc=doc))
-    DECLARED.append(Member(op, draws, **extra))
-    return op
-
-
 DECLARED: list[Member] = []  # in order; rnnc.ops_elementwise.FAMILY holds them with the rest
+_declare = functools.partial(declare_elementwise, DECLARED)
 
 _BOTH = (normal(1.0), normal(1.0))
 less = _declare("less", 2, _comparison(np.less), vjp_zero,

@@ -22,6 +22,7 @@ input's shape. Rules name the ops they emit through ``op_named``, looked up when
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -29,13 +30,12 @@ import numpy as np
 
 from rnnc import ops_compare
 from rnnc.op_types import (
-    Draw,
     Member,
     Op,
     OpKind,
     away_from_zero,
     const,
-    elementwise_shape,
+    declare_elementwise,
     normal,
     off_integers,
     register,
@@ -244,15 +244,8 @@ def _vjp_expm1(e, g, xs, y):
 # ---------------------------------------------------------------- the family
 
 
-def _declare(name: str, arity: int, ref, vjp, doc: str, draws: tuple[Draw, ...] = (),
-             dsl_function: bool = True) -> Op:
-    op = register(Op(name, OpKind.ELEMENTWISE, arity, elementwise_shape, ref, vjp, doc=doc,
-                     dsl_function=dsl_function))
-    _MEMBERS.append(Member(op, draws))
-    return op
-
-
 _MEMBERS: list[Member] = []
+_declare = functools.partial(declare_elementwise, _MEMBERS)
 
 # Written as operators on values (+ - * / unary - **), so no DSL function of their own.
 _OPERATOR = {"dsl_function": False}
