@@ -149,9 +149,9 @@ class Member:
     operands (``clip``'s ``lo`` and ``hi``). ``draws``: one operand sampler per operand, drawing
     where the op is differentiable (away from ``floor``'s jumps) so central differences hold,
     and ``test_attrs`` the attributes the tests use; the tests iterate over the members with
-    draws. Without draws (the arithmetic the compiler writes its own rules in, ``add`` to
-    ``stop_gradient``) an op is tested by its row in
-    ``tests/backends/test_every_op_every_backend.py``."""
+    draws. An op without draws (those the compiler's own rules are written in: the arithmetic,
+    ``exp`` to ``stop_gradient``, ``where``, ``relu``) is tested by its rows in
+    ``tests/backends/test_every_op_every_backend.py`` and ``tests/rnnc/test_vjp.py``."""
 
     op: Op
     draws: tuple[Draw, ...] = ()

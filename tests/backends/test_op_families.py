@@ -114,3 +114,17 @@ def test_an_added_op_is_named_only_by_its_family_and_its_two_rules() -> None:
         assert RULE_FILES <= files, f"{name}: the rule files do not name it? {sorted(files)}"
         extra = files - RULE_FILES - OPERATORS.get(name, set())
         assert not extra, f"{name} is named outside its family and its two rules: {sorted(extra)}"
+
+
+def test_the_cuda_helpers_of_the_added_ops_live_with_their_rules() -> None:
+    """A C helper rnnc_<name> is written next to the CUDA rule that calls it, and the renderer's
+    prelude picks it up from there: no other file of the CUDA backend lists it."""
+    helpers = {name for name in ADDED if f"rnnc_{name}(" in (ROOT / "backends/cuda/rules.py")
+               .read_text()}
+    assert {"mod", "floor_divide", "log_sigmoid", "gelu", "silu"} <= helpers
+    prelude = cuda_rules.CudaRenderer("f32").prelude()
+    for name in helpers:
+        assert f"rnnc_{name}(" in prelude
+        others = [path for p in SOURCES if f"rnnc_{name}" in p.read_text()
+                  and (path := str(p.relative_to(ROOT))) != "backends/cuda/rules.py"]
+        assert not others, f"rnnc_{name} is named in {others}"
