@@ -180,11 +180,15 @@ def test_clip_refuses_bad_bounds(lo, hi, message) -> None:
     assert isinstance(info.value, RnncError)
 
 
-def test_clip_gradient_matches_torch_clamp_at_and_beyond_the_bounds() -> None:
-    """Through autodiff: 1 on [lo, hi] bounds included, 0 outside, as torch.clamp."""
+@pytest.mark.parametrize("backend", [{"backend": "numpy"}, {"backend": "llvm"},
+                                     {"backend": "cuda", "emulate": True}],
+                         ids=["numpy", "llvm", "cuda"])
+def test_clip_gradient_matches_torch_clamp_at_and_beyond_the_bounds(backend: dict) -> None:
+    """Through each backend's backward program: 1 on [lo, hi] bounds included, 0 outside, as
+    torch.clamp (central differences cannot see the bounds themselves)."""
     xs = np.array([[[-2.0, -1.0, 0.25, 0.5], [0.75, 1.0, 3.0, -1.0]]])
     cell = _one_input_cell(lambda x: rnnc.clip(x, -1.0, 1.0))
-    fn = rnnc.compile(cell, backend="numpy")
+    fn = rnnc.compile(cell, **backend)
     _, _, tape = fn.forward(xs, {})
     dy = np.arange(1.0, 9.0).reshape(xs.shape)
     got = fn.backward(tape, d_outputs={"y": dy}).x
