@@ -1,9 +1,10 @@
 """The elementwise family, op by op from its table: shape rule, reference against torch, VJP
 against float64 central differences, and the DSL surface (functions, ``%``, ``//``, errors).
 
-Every member of the family's table with operand draws (``rnnc.ops_elementwise.DRAWN``) is tested
-here without a row of its own: a new op is tested by declaring it with its draws. The one thing a member needs here is its torch oracle in
-``TORCH`` (``test_every_member_has_an_oracle`` fails without it). Backends:
+Every member of the family's table with operand draws (``rnnc.ops_elementwise.DRAWN``) is
+tested here without a row of its own: a new op is tested by declaring it with its draws. The one
+thing a member needs here is its torch oracle in ``TORCH`` (``test_every_member_has_an_oracle``
+fails without it). Backends:
 ``tests/backends/test_elementwise_family_backends.py``.
 """
 
