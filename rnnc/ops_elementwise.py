@@ -10,14 +10,15 @@ function ``rnnc.<name>`` with the docstring below, the NumPy backend runs its re
 tests (``tests/rnnc/test_elementwise_family.py``,
 ``tests/backends/test_elementwise_family_backends.py``) check its shape rule, its VJP against
 float64 central differences and every backend against its reference by iterating over
-``FAMILY``; ``tests/backends/test_op_families.py`` checks that every member has its two backend
-rules, a docstring and its DSL function.
+``DRAWN``, the members with operand draws; ``tests/backends/test_op_families.py`` checks that
+every member has its two backend rules, a docstring and its DSL function.
 
 A VJP rule receives an emitter ``e`` (``e(op, *inputs, **attrs) -> value``), the cotangent
 ``g`` of the result, the inputs ``xs``, the result ``y`` and the attributes; it returns one
 cotangent per input, at the shape of the result (None: the gradient is zero everywhere it
 exists, as for ``floor``); the autodiff transform reduces broadcast cotangents back to the
-input's shape. Rules name the ops they emit through ``op_named``, looked up when the rule runs.
+input's shape. A rule names the ops of its own module directly and those of another family
+through ``op_named``, looked up when the rule runs.
 """
 
 from __future__ import annotations
