@@ -13,7 +13,6 @@ import numpy as np
 from rnnc import dsl_numpy, dsl_random, ops
 from rnnc import ops_elementwise as elementwise
 from rnnc.dsl_checks import check_allocatable, check_name, check_size, initial_values
-from rnnc.dsl_docs import DOCS
 from rnnc.errors import CellError, RnncTypeError, RnncValueError, ShapeError
 from rnnc.ir import Carry, Graph, Program, Scan, Type
 from rnnc.names import Role, final_state
@@ -354,12 +353,10 @@ class Cell:
 
 # ---------------------------------------------------------------- functions on values
 
-# Ops a cell does not call as functions of rnnc: it writes them as operators on values
-# (+ - * /, unary -, @), as indexing (v[:, a:b]) or as Python numbers, or only passes make them.
-# Every other op of the registry is a function named after it: rnnc.tanh(v), rnnc.where(c, a, b).
-_NOT_FUNCTIONS = frozenset({"add", "sub", "mul", "div", "neg", "matmul", "slice", "pad",
-                            "expand", "sum_rows", "constant", "power",
-                            "linear_scan", "last_step"})
+# Every op its family declares with dsl_function (the default) is a function of rnnc named after
+# it, with the family's docstring: rnnc.tanh(v), rnnc.where(c, a, b). The others a cell writes as
+# operators on values (+ - * / unary - ** @), as indexing (v[:, a:b]) or as Python numbers, or
+# only passes make them.
 _OPERANDS = {1: ("x",), 2: ("a", "b"), 3: ("cond", "a", "b")}  # parameter names by arity
 
 
@@ -383,15 +380,13 @@ def _function(op: ops.Op) -> Callable[..., Value]:
                                                           strict=True)))
         function.__signature__ = signature  # type: ignore[attr-defined]
     function.__name__ = function.__qualname__ = op.name
-    default = f"Elementwise {op.name}." if op.kind is ops.OpKind.ELEMENTWISE else \
-        f"The {op.kind.value} op {op.name}."
-    function.__doc__ = DOCS.get(op.name, default)
+    function.__doc__ = op.doc
     return function
 
 
 # The DSL functions by name, one per op of the registry a cell calls by name.
 FUNCTIONS: dict[str, Callable[..., Value]] = {
-    op.name: _function(op) for op in ops.REGISTRY.values() if op.name not in _NOT_FUNCTIONS}
+    op.name: _function(op) for op in ops.REGISTRY.values() if op.dsl_function}
 FUNCTIONS["bernoulli"] = dsl_random.bernoulli  # attributes, not operands: its own signature
 globals().update(FUNCTIONS)
 

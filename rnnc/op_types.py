@@ -1,16 +1,20 @@
-"""The types every op family shares: ``Op``, ``OpKind``, ``Piece``, the registry and the
-broadcasting shape rule of elementwise ops.
+"""The types every op family shares: ``Op``, ``OpKind``, ``Piece``, the registry, the
+broadcasting shape rule of elementwise ops, and ``Member``, the table row of an elementwise op.
 
-The op families (``rnnc.ops_elementwise``, ...) and ``rnnc.ops`` import this module; it imports
-no family, so declaring an op never needs a mid-module import.
+The op families (``rnnc.ops_elementwise``, ``rnnc.ops_reduce``, ...) and ``rnnc.ops`` import
+this module; it imports no family, so declaring an op never needs a mid-module import. A rule
+names the ops it emits by :func:`op_named`, looked up when it runs, so no family imports another
+to write its VJPs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
+
+import numpy as np
 
 from rnnc.errors import ShapeError
 
@@ -58,7 +62,7 @@ class Piece:
 
 @dataclass(frozen=True, eq=False)
 class Op:
-    """A primitive: a name plus one rule per job."""
+    """A primitive: a name plus one rule per job, and the docstring of its DSL function."""
 
     name: str
     kind: OpKind
@@ -71,6 +75,10 @@ class Op:
     # Draws random bits from the loop's counter (bernoulli): passes keep it in the loop body,
     # and autodiff recomputes it in backward instead of saving it.
     random: bool = False
+    # The docstring of the DSL function rnnc.<name>; dsl_function: whether rnnc has one (not
+    # for ops written as operators, indexing or numbers, nor for ops only passes make).
+    doc: str = ""
+    dsl_function: bool = True
 
     def __repr__(self) -> str:
         return f"Op({self.name})"
@@ -100,6 +108,11 @@ def op_named(name: str) -> Op:
     return ir.STRUCTURAL[name]
 
 
+def const(e, value: float):
+    """A VJP rule's constant: the ``constant`` op, broadcast by the ops that read it."""
+    return e(op_named("constant"), value=value)
+
+
 def fmt_shape(shape: Shape) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"
 
@@ -121,3 +134,56 @@ def broadcast_shapes(*shapes: Shape) -> Shape:
 
 def elementwise_shape(*shapes: Shape, **_: Any) -> Shape:
     return broadcast_shapes(*shapes)
+
+
+# ---------------------------------------------------------------- the elementwise family's rows
+
+Draw = Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Member:
+    """One op of the elementwise family and what its DSL function and its tests need.
+
+    ``attributes``: the names of the constant attributes the DSL function takes after its
+    operands (``clip``'s ``lo`` and ``hi``). ``draws``: one operand sampler per operand, drawing
+    where the op is differentiable (away from ``floor``'s jumps) so central differences hold,
+    and ``test_attrs`` the attributes the tests use; the tests iterate over the members with
+    draws. An op without draws (those the compiler's own rules are written in: the arithmetic,
+    ``exp`` to ``stop_gradient``, ``where``, ``relu``) is tested by its rows in
+    ``tests/backends/test_every_op_every_backend.py`` and ``tests/rnnc/test_vjp.py``."""
+
+    op: Op
+    draws: tuple[Draw, ...] = ()
+    attributes: tuple[str, ...] = ()
+    test_attrs: dict[str, Any] = field(default_factory=dict)
+
+
+def declare_elementwise(table: list[Member], name: str, arity: int, ref: Callable[..., Any],
+                        vjp: Callable[..., Any], doc: str, draws: tuple[Draw, ...] = (),
+                        shape: Callable[..., Any] = elementwise_shape, dsl_function: bool = True,
+                        **member: Any) -> Op:
+    """Register an elementwise op and append its row to ``table``: ``shape`` when it is not
+    broadcasting, ``dsl_function=False`` for an op written as an operator, ``member`` the
+    :class:`Member` fields (``attributes``, ``test_attrs``)."""
+    op = register(Op(name, OpKind.ELEMENTWISE, arity, shape, ref, vjp, doc=doc,
+                     dsl_function=dsl_function))
+    table.append(Member(op, draws, **member))
+    return op
+
+
+def normal(scale: float) -> Draw:
+    """Normal operands of standard deviation ``scale``."""
+    return lambda rng, shape: rng.standard_normal(shape) * scale
+
+
+def off_integers(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Values whose fraction lies in [0.1, 0.4] or [0.6, 0.9]: away from floor's and round's
+    jumps (at integers and at halves)."""
+    fraction = rng.uniform(0.1, 0.4, shape) + rng.choice([0.0, 0.5], shape)
+    return rng.integers(-4, 4, shape) + fraction
+
+
+def away_from_zero(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Magnitudes in [0.5, 2] of either sign."""
+    return rng.uniform(0.5, 2.0, shape) * rng.choice([-1.0, 1.0], shape)

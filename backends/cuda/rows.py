@@ -49,7 +49,7 @@ from rnnc.backends.cuda.kernels import (
 from rnnc.backends.cuda.rules import CudaRenderer
 from rnnc.errors import ShapeError
 from rnnc.ir import ARG, Graph, Node, Shape
-from rnnc.op_rules import broadcast_shapes
+from rnnc.op_types import broadcast_shapes
 
 REDUCTIONS = frozenset({ops.sum_, ops.mean, ops.amax, ops.amin})
 # The most bytes of a thread's local memory that staged rows may take: a GPU reserves a

@@ -5,8 +5,9 @@ computed, and returns a C expression for that element. ``site.at(i)`` is operand
 same element (after broadcasting), ``site.at(i, col=...)`` at another column, and
 ``site.loop(count, term)`` accumulates ``term(k)`` over ``k < count`` (reductions). Operands are
 emitted as named temporaries before the expression that uses them, so evaluation order is the
-rule's reading order. Every layout op has the same rule, :func:`layout_rule`, which reads the
-op's index rule (``Op.pieces``): a new layout op needs nothing here.
+rule's reading order. Every layout op has the same rule,
+:func:`rnnc.backends.cuda.pieces.layout_rule`, which reads the op's index rule (``Op.pieces``):
+a new layout op needs nothing here.
 
 The renderers follow tinygrad's ``cstyle``: :class:`CStyleRenderer` knows C (types, literals,
 math function names, small helper functions) and :class:`CudaRenderer` overrides only what
@@ -32,7 +33,9 @@ from collections.abc import Callable
 from typing import Protocol
 
 from rnnc import ops, philox
+from rnnc import ops_compare as compare
 from rnnc import ops_elementwise as elementwise
+from rnnc.backends.cuda.pieces import layout_rule
 
 
 class Site(Protocol):
@@ -63,8 +66,12 @@ class CStyleRenderer:
     """C for one floating type (``"f32"`` or ``"f64"``): literals, calls, helper functions."""
 
     qualifier = "static inline"
-    functions = ("exp", "log", "log1p", "tanh", "sqrt", "fabs", "pow", "floor", "rint", "fmod",
-                 "sin", "cos", "erf", "erfc", "expm1", "copysign")
+    # C99's math functions a rule may call by name (CUDA has each in float and double); any
+    # other name is a helper rnnc_<name> of the prelude.
+    functions = ("exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "cbrt", "pow",
+                 "hypot", "fabs", "floor", "ceil", "trunc", "rint", "fmod", "copysign", "sin",
+                 "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "tanh", "asinh",
+                 "acosh", "atanh", "erf", "erfc", "lgamma", "tgamma")
 
     def __init__(self, dtype: str) -> None:
         assert dtype in ("f32", "f64"), dtype
@@ -250,64 +257,6 @@ def _where(s: Site) -> str:
     return f"({s.at(0)} > {s.r.zero} ? {s.at(1)} : {s.at(2)})"
 
 
-def _numerator(piece: ops.Piece, col: str) -> str:
-    """``scale * col + offset`` as C: the operand column times ``div``."""
-    if piece.scale == 0:
-        return str(piece.offset)
-    scaled = col if piece.scale == 1 else f"{piece.scale} * {col}"
-    if piece.offset == 0:
-        return scaled
-    sign = "+" if piece.offset > 0 else "-"
-    return f"({scaled} {sign} {abs(piece.offset)})"
-
-
-def _column(piece: ops.Piece, col: str) -> str:
-    """The operand column ``(scale * col + offset) / div`` that column ``col`` of a piece reads,
-    as C (which rounds toward 0, not down: apart only below 0, where the read is clamped)."""
-    if piece.scale == 0:
-        return str(piece.column(0))
-    numerator = _numerator(piece, col)
-    return numerator if piece.div == 1 else f"({numerator} / {piece.div})"
-
-
-def _in_bounds(piece: ops.Piece, columns: int, width: int) -> bool:
-    """Whether the piece's read stays inside the operand at every column of the result."""
-    reads = (piece.column(0), piece.column(columns - 1))
-    return 0 <= min(reads) and max(reads) < width
-
-
-def layout_rule(op: ops.Op) -> Callable[[Site], str]:
-    """The rule of a layout op, read from its pieces: select the piece holding ``col``.
-
-    Every piece's operand element is computed whichever piece is selected (as a temporary
-    before the select), so a read that could leave its operand at some column is clamped."""
-
-    def rule(s: Site) -> str:
-        widths = [s.width(i) for i in range(s.arity)]
-        pieces = op.pieces(*widths, **s.attrs)
-        columns = pieces[-1].stop
-        values = []
-        for piece in pieces:
-            if piece.operand is None:
-                values.append(s.r.zero)
-                continue
-            width = widths[piece.operand]
-            column = _column(piece, s.col)
-            if not _in_bounds(piece, columns, width):
-                column = f"rnnc_clamp({column}, 0LL, {width - 1}LL)"
-            value = s.at(piece.operand, col=column)
-            if piece.div != 1:  # off the div grid (between spread-out columns): 0.0
-                value = f"({_numerator(piece, s.col)} % {piece.div} == 0 ? {value} : {s.r.zero})"
-            values.append(value)
-        expr = values[-1]
-        # col < stop_0 ? v_0 : col < stop_1 ? v_1 : ... v_last
-        for piece, value in zip(reversed(pieces[:-1]), reversed(values[:-1]), strict=True):
-            expr = f"({s.col} < {piece.stop} ? {value} : {expr})"
-        return expr
-
-    return rule
-
-
 def _bernoulli(s: Site) -> str:
     """A mask element: the key, its counter row, its column and the op's attributes."""
     key = [s.at(0, col=str(k)) for k in range(4)]
@@ -369,7 +318,7 @@ RULES: dict[ops.Op, Callable[[Site], str]] = {
     elementwise.round_: _function("rint"),  # the default rounding mode: halves to even
     elementwise.mod: lambda s: s.r.call("mod", s.at(0), s.at(1)),
     elementwise.floor_divide: lambda s: s.r.call("floor_divide", s.at(0), s.at(1)),
-    elementwise.clip: _clip,
+    compare.clip: _clip,
     elementwise.sin: _function("sin"),
     elementwise.cos: _function("cos"),
     elementwise.log_sigmoid: _function("log_sigmoid"),

@@ -50,7 +50,7 @@ from rnnc.backends.llvm.region import (
 from rnnc.backends.steps import GraphSteps
 from rnnc.errors import ShapeError
 from rnnc.ir import ARG, Node
-from rnnc.op_rules import broadcast_shapes
+from rnnc.op_types import broadcast_shapes
 
 # The most stack memory the staged rows of one row kernel take; a value beyond it is
 # recomputed by the loops that read it. (Kernels are inlined, so their rows share one frame.)

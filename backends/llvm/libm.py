@@ -1,9 +1,10 @@
 """Scalar calls into the C math library, for the functions ``mathlib`` does not build in IR.
 
-``sin``, ``cos``, ``erf``, ``erfc`` and ``expm1`` of the host's libm are correctly rounded or
-within an ULP or two in glibc (its manual's table of known maximum errors), with full range
-reduction for ``sin`` and ``cos`` (``sin(1e22)`` is right). A call is scalar, so a loop that
-makes one does not vectorize: these ops cost about a libm call per element.
+The rules call ``sin``, ``cos``, ``erf``, ``erfc`` and ``expm1`` here (and ``frem`` becomes a
+call of ``fmod``); the host's libm computes them correctly rounded or within an ULP or two in
+glibc (its manual's table of known maximum errors), with full range reduction for ``sin`` and
+``cos`` (``sin(1e22)`` is right). A call is scalar, so a loop that makes one does not
+vectorize: these ops cost about a libm call per element.
 
 Object code names the functions, not their addresses, so it stays valid in the disk cache; the
 JIT resolves the names in this process, where :func:`_publish` has given each its address.
@@ -17,8 +18,11 @@ import ctypes.util
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-# The functions the emitters may call, in float and double.
-FUNCTIONS = ("sin", "cos", "erf", "erfc", "expm1", "fmod")
+# The functions the emitters may call, in float and double: C99's real functions of one or two
+# arguments, all published, so that an op calling one more of them edits only its rule.
+FUNCTIONS = ("sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "tanh",
+             "asinh", "acosh", "atanh", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p",
+             "cbrt", "hypot", "pow", "fmod", "erf", "erfc", "lgamma", "tgamma")
 
 
 def _publish() -> None:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from llvmlite import ir
 
 from rnnc import ops
+from rnnc import ops_compare as compare
 from rnnc import ops_elementwise as elementwise
 from rnnc.backends.llvm import libm, mathlib, philox, powers
 
@@ -129,7 +130,7 @@ SCALAR: dict[ops.Op, Callable[..., ir.Value]] = {
                                             [x]),
     elementwise.mod: _mod,
     elementwise.floor_divide: _floor_divide,
-    elementwise.clip: _clip,  # with the node's attributes lo and hi
+    compare.clip: _clip,  # with the node's attributes lo and hi
     elementwise.sin: lambda b, x: libm.call(b, "sin", x),
     elementwise.cos: lambda b, x: libm.call(b, "cos", x),
     elementwise.log_sigmoid: _log_sigmoid,

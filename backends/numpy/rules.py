@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from rnnc import ops
-from rnnc.op_rules_scan import steps
+from rnnc.ops_scan import steps
 
 RULES: dict[ops.Op, Callable] = {op: op.ref for op in ops.PRIMITIVES}
 

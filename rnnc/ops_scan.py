@@ -1,4 +1,5 @@
-"""The rules of the ops over the time axis: ``linear_scan`` and ``last_step``.
+"""The scan family, the ops over the time axis: ``linear_scan`` and ``last_step``, each declared
+with its shape rule, NumPy reference and VJP.
 
 ``linear_scan[reverse, exclusive](A, Bv, c0)`` runs the linear recurrence
 ``C[t] = A[t] * C[t-1] + Bv[t]`` from ``C[-1] = c0`` over a whole sequence at once; with
@@ -21,9 +22,7 @@ from typing import Any
 import numpy as np
 
 from rnnc.errors import ShapeError
-from rnnc.op_rules import broadcast_shapes, const
-from rnnc.op_types import fmt_shape
-from rnnc.op_types import op_named as _op
+from rnnc.op_types import Op, OpKind, broadcast_shapes, const, fmt_shape, op_named, register
 
 Shape = tuple[Any, ...]
 
@@ -87,29 +86,38 @@ def last_step_ref(x, reverse: bool = False) -> np.ndarray:
 
 def _zeros_like(e, x):
     """Zeros of ``x``'s shape, without arithmetic on ``x`` (NaN times 0 is NaN)."""
-    return e(_op("where"), const(e, 1.0), const(e, 0.0), x)
+    return e(op_named("where"), const(e, 1.0), const(e, 0.0), x)
 
 
-def vjp_linear_scan(e, g, xs, y, reverse=False, exclusive=False):
+def _vjp_linear_scan(e, g, xs, y, reverse=False, exclusive=False):
     a, b, c0 = xs
     back = {"reverse": not reverse, "exclusive": True}
     zero = _zeros_like(e, c0)
     if exclusive:
         # y[t] = C[t-1]: D[s] = dL/dC[s] = g[s+1] + A[s+1] D[s+1], the next step's cotangent.
-        d = e(_op("linear_scan"), a, g, zero, **back)
-        d_c0 = e(_op("last_step"), e(_op("add"), g, e(_op("mul"), a, d)), reverse=not reverse)
+        d = e(linear_scan, a, g, zero, **back)
+        d_c0 = e(last_step, e(op_named("add"), g, e(op_named("mul"), a, d)), reverse=not reverse)
         before = y
     else:
         # y[t] = C[t]: D[t] = g[t] + A[t+1] D[t+1], and H = A * D obeys H[t] = A[t] (g[t] +
         # H[t+1]), a scan over A itself: D = g + H shifted by one step.
-        d = e(_op("add"), g, e(_op("linear_scan"), a, e(_op("mul"), a, g), zero, **back))
-        d_c0 = e(_op("last_step"), e(_op("mul"), a, d), reverse=not reverse)
-        before = e(_op("linear_scan"), a, b, c0, reverse=reverse, exclusive=True)
-    return e(_op("mul"), d, before), d, d_c0
+        d = e(op_named("add"), g, e(linear_scan, a, e(op_named("mul"), a, g), zero, **back))
+        d_c0 = e(last_step, e(op_named("mul"), a, d), reverse=not reverse)
+        before = e(linear_scan, a, b, c0, reverse=reverse, exclusive=True)
+    return e(op_named("mul"), d, before), d, d_c0
 
 
-def vjp_last_step(e, g, xs, y, reverse=False):
+def _vjp_last_step(e, g, xs, y, reverse=False):
     # g at the step taken, zeros elsewhere: an exclusive scan in the other direction starts
     # from g and, with A = Bv = 0, holds 0 after its first step.
     zeros = _zeros_like(e, xs[0])
-    return (e(_op("linear_scan"), zeros, const(e, 0.0), g, reverse=not reverse, exclusive=True),)
+    return (e(linear_scan, zeros, const(e, 0.0), g, reverse=not reverse, exclusive=True),)
+
+
+# Only parallel-scan makes them, in ``pre``: no DSL functions.
+linear_scan = register(Op("linear_scan", OpKind.SCAN, 3, linear_scan_shape, linear_scan_ref,
+                          _vjp_linear_scan, doc="``C[t] = A[t] * C[t-1] + Bv[t]`` from ``c0``.",
+                          dsl_function=False))
+last_step = register(Op("last_step", OpKind.SCAN, 1, last_step_shape, last_step_ref,
+                        _vjp_last_step, doc="The last step of a ``[T,...]`` sequence.",
+                        dsl_function=False))

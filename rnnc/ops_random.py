@@ -1,4 +1,5 @@
-"""The rules of ``bernoulli``, the op behind ``rnnc.bernoulli``: a 0.0/1.0 mask drawn by Philox.
+"""The random family: ``bernoulli``, the op behind ``rnnc.bernoulli``, a 0.0/1.0 mask drawn by
+Philox4x32-10, declared with its shape rule, NumPy reference, VJP and docstring.
 
 ``bernoulli[p, per, size, stream](key, counter)`` reads the program args ``rng.key`` (``[4]``)
 and ``rng.counter`` (``[B,4]`` per step) that ``rnnc.philox`` describes. Element ``(r, j)``
@@ -9,7 +10,10 @@ of its ``[B, size]`` result is 1.0 where the first Philox word of the counter
 under the key is below ``threshold(p)``, with ``t_r`` and ``b_r`` row ``r`` of ``counter``.
 ``stream`` tells apart the calls of one cell. A row's draw depends on its own counter row
 only, never on its position, so the op means the same over ``[T,B,4]`` as over ``[B,4]``.
-The mask passes no gradient, like a comparison.
+The mask passes no gradient, like a comparison. It is elementwise as backends and fusion see it
+(one loop or kernel over its result), though element ``(r, j)`` reads row ``r`` of
+``rng.counter``, all of ``rng.key`` and its own column index ``j``; ``random=True`` keeps it in
+the loop body and makes autodiff draw it again instead of saving it.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import numpy as np
 
 from rnnc import philox
 from rnnc.errors import ShapeError
-from rnnc.op_types import fmt_shape
+from rnnc.op_types import Op, OpKind, fmt_shape, register
 
 Shape = tuple[Any, ...]
 
@@ -45,5 +49,12 @@ def bernoulli_ref(key: np.ndarray, counter: np.ndarray, p: float, per: str, size
     return bits.astype(np.result_type(key, counter))
 
 
-def vjp_bernoulli(e, g, xs, y, **attrs: Any):
+def _vjp_bernoulli(e, g, xs, y, **attrs: Any):
     return None, None
+
+
+# rnnc.bernoulli(p, like, ...) takes attributes, not operands: rnnc/dsl_random.py writes it.
+bernoulli = register(Op("bernoulli", OpKind.ELEMENTWISE, 2, bernoulli_shape, bernoulli_ref,
+                        _vjp_bernoulli, random=True,
+                        doc="A 0.0/1.0 mask, 1.0 with probability ``p``, drawn by Philox from "
+                            "``rng.key`` and ``rng.counter``; no gradient."))
