@@ -16,6 +16,7 @@ import numpy as np
 from rnnc.errors import ShapeError
 from rnnc.op_types import Piece, broadcast_shapes, elementwise_shape, fmt_shape  # noqa: F401 - re-exported
 from rnnc.op_types import op_named as _op
+from rnnc.precision import BF16, matmul_attrs, round_bf16
 
 Shape = tuple[Any, ...]
 
@@ -24,7 +25,9 @@ Shape = tuple[Any, ...]
 
 
 def matmul_shape(a: Shape, b: Shape, transpose_a: bool = False,
-                  transpose_b: bool = False) -> Shape:
+                  transpose_b: bool = False, precision: str | None = None) -> Shape:
+    if precision not in (None, "fp32", BF16):
+        raise ShapeError(f"matmul's precision must be 'fp32' or 'bf16', got {precision!r}")
     if len(a) < 1 or len(b) < 1:
         raise ShapeError(f"matmul needs arrays, got {fmt_shape(a)} @ {fmt_shape(b)}")
     if transpose_a:
@@ -146,7 +149,9 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return np.where(x >= 0, 1 / (1 + z), z / (1 + z)).astype(x.dtype, copy=False)
 
 
-def matmul_ref(a, b, transpose_a=False, transpose_b=False):
+def matmul_ref(a, b, transpose_a=False, transpose_b=False, precision=None):
+    if precision == BF16:  # bfloat16 operands, products summed in float32 (rnnc.precision)
+        a, b = round_bf16(a), round_bf16(b)
     if transpose_a:
         return a.reshape(-1, a.shape[-1]).T @ b.reshape(-1, b.shape[-1])
     return a @ (b.T if transpose_b else b)
@@ -267,14 +272,18 @@ def vjp_where(e, g, xs, y):
     return None, e(_op("where"), c, g, zero), e(_op("where"), c, zero, g)
 
 
-def vjp_matmul(e, g, xs, y, transpose_a=False, transpose_b=False):
+def vjp_matmul(e, g, xs, y, transpose_a=False, transpose_b=False, precision=None):
     a, b = xs
+    # The gradient GEMMs of a bfloat16 GEMM are bfloat16 GEMMs too (autocast's rule).
+    at = matmul_attrs(precision)
     if transpose_a:
         # y = sum_r a_r^T b_r: the cotangents are per row again.
-        return e(_op("matmul"), b, g, transpose_b=True), e(_op("matmul"), a, g)
+        return (e(_op("matmul"), b, g, transpose_b=True, **at),
+                e(_op("matmul"), a, g, **at))
     if transpose_b:
-        return e(_op("matmul"), g, b), e(_op("matmul"), g, a, transpose_a=True)
-    return e(_op("matmul"), g, b, transpose_b=True), e(_op("matmul"), a, g, transpose_a=True)
+        return e(_op("matmul"), g, b, **at), e(_op("matmul"), g, a, transpose_a=True, **at)
+    return (e(_op("matmul"), g, b, transpose_b=True, **at),
+            e(_op("matmul"), a, g, transpose_a=True, **at))
 
 
 def vjp_concat(e, g, xs, y):

@@ -269,3 +269,21 @@ def call_memory(arrays: Mapping[str, tuple[tuple[int, ...], str]], dtype: str,
                          f"{shape} {np.dtype(_np(dtype)).name} = {sizes[name]:,} bytes ({why}); "
                          f"use a smaller batch or hidden size, or shorter sequences")
 
+
+
+def new_arrays(output_sizes: Mapping[str, int], states: Mapping[str, tuple], draws_masks: bool,
+               T: int, B: int, given: Mapping[str, Any]
+               ) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The arrays any call allocates, at least: outputs, final states, omitted states, and
+    the random counter of a cell that draws masks; each with the sizes that make it."""
+    out = {}
+    for name, width in output_sizes.items():
+        out[f"output {name!r}"] = ((T, B, width), f"T={T}, B={B}, output size {width}")
+    for name, shape in states.items():
+        why = f"B={B}, state {name!r} of size {shape[-1]}"
+        out[f"final state {name!r}"] = ((B, shape[-1]), why)
+        if name not in given:
+            out[f"initial state {name!r}"] = ((B, shape[-1]), why)
+    if draws_masks:
+        out["random counter"] = ((T, B, 4), f"T={T}, B={B}: a step and row index per row")
+    return out
