@@ -114,6 +114,8 @@ def widen(value: Any, precision: str, what: str) -> Any:
     function; a bfloat16 array given to a float32 function is an RnncTypeError."""
     if isinstance(value, Mapping):
         return {k: widen(v, precision, f"{what} {k!r}") for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and not _is_bf16(value):
+        return type(value)(widen(v, precision, what) for v in value)
     if not _is_bf16(value):
         return value
     if precision != BF16:
