@@ -24,9 +24,10 @@ ROUND_KERNEL = "rnnc_round_bf16"
 # float32 -> bfloat16 bits, ties to even, NaN kept quiet: the rounding of rnnc.precision.
 ROUND_SOURCE = r"""
 extern "C" __global__ void rnnc_round_bf16(const float* x, unsigned short* y, long long n) {
+    const unsigned int* x_bits = reinterpret_cast<const unsigned int*>(x);
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
-        unsigned int bits = __float_as_uint(x[i]);
+        unsigned int bits = x_bits[i];
         if ((bits & 0x7fffffffu) > 0x7f800000u) {
             y[i] = (unsigned short)((bits >> 16) | 0x40u);
         } else {

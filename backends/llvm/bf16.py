@@ -26,7 +26,7 @@ from rnnc.backends.llvm.kernels import emit_loop
 from rnnc.ir import ARG, Node
 
 _HALF_MINUS_ONE = 0x7FFF  # half a bfloat16 unit in the last place, less one
-_KEEP = -0x10000  # 0xFFFF0000 as an i32: the float32 bits bfloat16 keeps: sign, exponent, 7 mantissa bits
+_KEEP = -0x10000  # 0xFFFF0000 as i32: the bits bfloat16 keeps (sign, exponent, 7 mantissa)
 
 # The float32 lowering of a matmul node: (ctx, node, out, a, b).
 Lowering = Callable[[Context, Node, Buffer, Buffer, Buffer], None]
