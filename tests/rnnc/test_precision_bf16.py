@@ -182,3 +182,18 @@ def test_layer_takes_the_precision() -> None:
     want, _ = ref(x)
     assert y.dtype == np.float32
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
+
+
+def _twice_the_same_product() -> rnnc.Cell:
+    c = rnnc.Cell("twice")
+    x, h = c.input("x", 8), c.state("h", 16)
+    W, U = c.param("W", (8, 16)), c.param("U", (16, 16))
+    c.update(h=rnnc.tanh(x @ W + h @ U) * rnnc.sigmoid(h @ U))
+    c.output("y", h)
+    return c
+
+
+@pytest.mark.parametrize("backend", ["numpy", "llvm"])
+def test_equal_bf16_products_keep_their_own_gradients(backend) -> None:
+    """CSE would merge the two h @ U, whose gradients round their cotangents apart."""
+    _agree(_twice_the_same_product(), backend)
