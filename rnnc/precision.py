@@ -109,19 +109,16 @@ def _is_bf16(value: Any) -> bool:
     return str(getattr(value, "dtype", "")) in ("bfloat16", "torch.bfloat16")
 
 
-def widen(value: Any, precision: str, what: str) -> Any:
-    """``value`` (an array or a dict of them) with bfloat16 arrays as float32, for a "bf16"
-    function; a bfloat16 array given to a float32 function is an RnncTypeError."""
+def widen(value: Any, precision: str) -> Any:
+    """``value`` (an array, or a dict or sequence of them) with bfloat16 arrays as float32,
+    for a "bf16" function; a float32 function gets ``value`` as it is, and its validation
+    refuses bfloat16 naming ``precision='bf16'``."""
     if isinstance(value, Mapping):
-        return {k: widen(v, precision, f"{what} {k!r}") for k, v in value.items()}
+        return {k: widen(v, precision) for k, v in value.items()}
     if isinstance(value, (list, tuple)) and not _is_bf16(value):
-        return type(value)(widen(v, precision, what) for v in value)
-    if not _is_bf16(value):
+        return type(value)(widen(v, precision) for v in value)
+    if not _is_bf16(value) or precision != BF16:
         return value
-    if precision != BF16:
-        raise RnncTypeError(f"{what} is bfloat16, but this function computes in float32: "
-                            f"compile with precision='bf16' (bfloat16 GEMMs), or convert it "
-                            f"with .astype(np.float32)")
     if isinstance(value, np.ndarray):
         return value.astype(np.float32)
     return value.detach().float()  # a torch tensor, on its own device
@@ -129,5 +126,4 @@ def widen(value: Any, precision: str, what: str) -> Any:
 
 def widen_call(precision: str, x: Any, params: Any, states: Any) -> tuple[Any, Any, Any]:
     """A call's inputs, parameters and states with bfloat16 arrays as float32 (:func:`widen`)."""
-    return (widen(x, precision, "the input"), widen(params, precision, "parameter"),
-            widen(states, precision, "state"))
+    return widen(x, precision), widen(params, precision), widen(states, precision)

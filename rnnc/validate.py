@@ -34,7 +34,8 @@ def _from_torch(t: Any, what: str) -> np.ndarray:
                             f"use rnnc.torch.RNN inside autograd")
     if str(t.dtype) not in ("torch.float32", "torch.float64"):
         raise RnncTypeError(f"{what} is a {t.dtype} tensor; rnnc computes in float32 or float64 "
-                            f"(NumPy has no bfloat16): pass tensor.float().numpy()")
+                            f"(a bfloat16 tensor: compile with precision='bf16'): pass "
+                            f"tensor.float().numpy()")
     if t.device.type != "cpu":
         raise RnncTypeError(f"{what} is a torch tensor on {t.device}; rnnc's NumPy API takes "
                             f"host arrays: pass tensor.cpu().numpy(), or use rnnc.torch.RNN")
@@ -82,8 +83,9 @@ def float_dtype(arr: np.ndarray, what: str) -> str:
     """'f32' or 'f64' for a float array; RnncTypeError for anything else."""
     dt = FLOAT_DTYPES.get(arr.dtype)
     if dt is None:
+        hint = " (or compile with precision='bf16')" if arr.dtype.name == "bfloat16" else ""
         raise RnncTypeError(f"{what} must be float32 or float64, got {arr.dtype}: convert it "
-                            f"with .astype(np.float32)")
+                            f"with .astype(np.float32){hint}")
     return dt
 
 

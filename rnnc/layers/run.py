@@ -99,8 +99,7 @@ def run(layer: LayerStack, x: Any, lengths: Any, states: Any, params: Any, train
     seed = call_seed(layer, seed, rng)
     # bfloat16 data is float32 from here on: a "bf16" layer rounds its GEMM operands
     precision = layer.backend_options.get("precision", "fp32")
-    x, states, extra = (precision_module.widen(v, precision, what) for v, what in
-                        ((x, "x"), (states, "states"), (extra, "extra input")))
+    x, states, extra = (precision_module.widen(v, precision) for v in (x, states, extra))
     grid = checks.check_params(layer, params)
     dtype = params_dtype(layer, grid)
     ops = Arrays(checks.call_device(layer, x, extra))
