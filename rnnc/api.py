@@ -45,8 +45,8 @@ class Function:
         backend = resolve_backend(backend, optimize)
         # One meaning on every backend (rnnc.precision); "tf32" is the CUDA runner's to apply.
         self.precision = precision_module.check(precision, backend)
-        self._device_twin = DeviceTwin.of(self._spec[0], optimize, cell, reverse, parallel_scan,
-                                          check, self.precision)
+        self._device_twin = DeviceTwin.of(self._spec[0], optimize, cell, reverse,
+                                          parallel_scan, check, self.precision)
         cell.check()
         self.cell = cell
         self.optimize = optimize
@@ -363,10 +363,8 @@ def compile(cell: Cell, backend: str | None = None, *, optimize: bool = True,  #
     ``parallel_scan`` runs the pass of that name (carries linear in themselves become a
     ``linear_scan`` over time): on by default for "numpy" and "cuda"; off by default for "llvm",
     whose scan is slower than its fused loop on one or two cores (docs/passes.md).
-
-    ``precision`` ("fp32", "bf16", or "tf32" on "cuda"): "bf16" rounds every GEMM operand to
-    bfloat16 and sums in float32, forward and gradients, the rest float32; inputs may be
-    float32 or bfloat16 (ml_dtypes, torch) and outputs are float32 (docs/precision.md)."""
+    ``precision``: "fp32", "bf16" (bfloat16 GEMM operands, float32 sums and the rest float32;
+    float32 outputs), "tf32" on "cuda" only (docs/precision.md)."""
     return Function(cell, backend, optimize=optimize, check=check, reverse=reverse,
                     parallel_scan=parallel_scan, precision=precision, **options)
 
