@@ -43,8 +43,7 @@ class Function:
                 raise RnncTypeError(f"{flag} must be True or False, got {value!r}")
         self._spec = (backend, dict(options))  # what a pickled function is rebuilt from
         backend = resolve_backend(backend, optimize)
-        # One meaning on every backend (rnnc.precision); "tf32" is the CUDA runner's to apply.
-        self.precision = precision_module.check(precision, backend)
+        self.precision = precision_module.check(precision, backend)  # rnnc/precision.py
         self._device_twin = DeviceTwin.of(self._spec[0], optimize, cell, reverse,
                                           parallel_scan, check, self.precision)
         cell.check()
