@@ -197,3 +197,14 @@ def _twice_the_same_product() -> rnnc.Cell:
 def test_equal_bf16_products_keep_their_own_gradients(backend) -> None:
     """CSE would merge the two h @ U, whose gradients round their cotangents apart."""
     _agree(_twice_the_same_product(), backend)
+
+
+def test_a_pickled_function_keeps_its_precision() -> None:
+    import pickle
+
+    cell = rnnc.cells.gru(8, 16)
+    x, p = _data(cell)
+    fn = rnnc.compile(cell, backend="numpy", precision="bf16")
+    again = pickle.loads(pickle.dumps(fn))
+    assert again.precision == "bf16"
+    np.testing.assert_array_equal(again(x, p)[0]["y"], fn(x, p)[0]["y"])
