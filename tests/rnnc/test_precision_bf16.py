@@ -94,8 +94,9 @@ def _agree(cell, backend, **options):
     np.testing.assert_allclose(got_g.x, want_g.x, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["lstm", "gru", "ln_lstm"])
-@pytest.mark.parametrize("backend", ["numpy", "llvm"])
+@pytest.mark.parametrize("name,backend", [
+    ("lstm", "numpy"), ("gru", "numpy"), ("ln_lstm", "numpy"), ("lstm", "llvm"),
+    ("ln_lstm", "llvm"), pytest.param("gru", "llvm", marks=pytest.mark.slow)])
 def test_optimized_bf16_agrees_with_the_oracle(name, backend) -> None:
     _agree(CELLS[name](), backend)
 
@@ -169,6 +170,7 @@ def test_errors_name_the_fix() -> None:
     assert rnnc.compile(cell, backend="numpy", precision="highest").precision == "fp32"
 
 
+@pytest.mark.slow
 def test_check_runs_the_bf16_oracle() -> None:
     rnnc.compile(rnnc.cells.gru(3, 4), backend="llvm", precision="bf16", check=True)
 
@@ -193,7 +195,7 @@ def _twice_the_same_product() -> rnnc.Cell:
     return c
 
 
-@pytest.mark.parametrize("backend", ["numpy", "llvm"])
+@pytest.mark.parametrize("backend", ["numpy", pytest.param("llvm", marks=pytest.mark.slow)])
 def test_equal_bf16_products_keep_their_own_gradients(backend) -> None:
     """CSE would merge the two h @ U, whose gradients round their cotangents apart."""
     _agree(_twice_the_same_product(), backend)
