@@ -1,6 +1,7 @@
 """A character-level language model on Shakespeare's Sonnets, trained with rnnc.RNN and NumPy.
 
     python examples/char_lm.py [--mode lstm|gru] [--hidden 128] [--steps 1000] [--out char_lm/]
+        [--precision fp32|bf16]
 
 The model is one-hot characters -> ``rnnc.RNN`` (LSTM or GRU, ``--layers`` deep) -> a linear
 softmax readout written in NumPy. Each step takes ``--batch`` random windows of ``--seq-len``
@@ -134,6 +135,9 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--clip", type=float, default=5.0, help="global gradient-norm clip")
     ap.add_argument("--backend", default=None, help="numpy, llvm or cuda (default: fastest)")
+    ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                    help="bf16: the RNN's GEMMs take bfloat16 operands and sum in float32 "
+                         "(weights, gradients and the rest stay float32; docs/precision.md)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--print-every", type=int, default=100)
     ap.add_argument("--sample-len", type=int, default=300)
@@ -156,7 +160,7 @@ def main() -> int:
 
     rng = np.random.default_rng(args.seed)
     layer = rnnc.RNN(args.mode, vocab, H, num_layers=args.layers, backend=args.backend,
-                     seed=args.seed)
+                     seed=args.seed, precision=args.precision)
     W = (rng.standard_normal((H, vocab)) / math.sqrt(H)).astype(np.float32)
     b = np.zeros(vocab, np.float32)
     params = layer_arrays(layer) + [W, b]
@@ -198,7 +202,7 @@ def main() -> int:
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_curve(out, losses, math.log(vocab),
-                f"rnnc.RNN {args.mode}, hidden {H}, {args.layers} layer(s)")
+                f"rnnc.RNN {args.mode}, hidden {H}, {args.layers} layer(s), {args.precision}")
     text_out = sample(layer, W, b, chars, args.prompt, args.sample_len, args.temperature,
                       np.random.default_rng(args.seed + 1))
     (out / "sample.txt").write_text(text_out + "\n")

@@ -190,6 +190,10 @@ def cse_key(node: Node) -> tuple | None:
     round-trips)."""
     if node.op in (ARG, FUSED):
         return None
+    if node.op is ops.matmul and node.attrs.get("precision") == "bf16":
+        # Two equal bfloat16 products have equal values but not equal gradients: each rounds
+        # its own cotangent to bfloat16 (round(g1) + round(g2) is not round(g1 + g2)).
+        return None
     return (node.op.name, node.inputs, tuple(sorted((k, repr(v)) for k, v in
                                                     node.attrs.items())), node.type)
 

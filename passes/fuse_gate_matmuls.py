@@ -67,6 +67,7 @@ from rnnc.ir import ARG, Graph, Program, Type
 from rnnc.layout import Block
 from rnnc.names import Role, packed
 from rnnc.passes import register
+from rnnc.precision import matmul_attrs
 
 ORIGIN = "fuse-gate-matmuls"
 
@@ -82,10 +83,11 @@ def _current_layout(p: Program) -> dict[str, Block]:
 
 
 def _groups(p: Program) -> list[tuple[int, list[int]]]:
-    """(left operand, member matmuls) for each left operand with >= 2 fusable matmuls."""
+    """(left operand, member matmuls) for each left operand and precision with >= 2 fusable
+    matmuls: a bfloat16 and a float32 product never share one GEMM."""
     body = p.scan.body
     params = _params(p)
-    by_left: dict[int, list[int]] = {}
+    by_left: dict[tuple[int, str | None], list[int]] = {}
     for node in body.nodes():
         if node.op is not ops.matmul or node.attrs.get("transpose_a") or \
                 node.attrs.get("transpose_b"):
@@ -93,8 +95,9 @@ def _groups(p: Program) -> list[tuple[int, list[int]]]:
         right = body.node(node.inputs[1])
         if right.op is ARG and right.attrs["name"] in params \
                 and right.attrs["name"] in p.scan.consts and len(right.shape) == 2:
-            by_left.setdefault(node.inputs[0], []).append(node.id)
-    return [(left, mms) for left, mms in by_left.items()]
+            key = (node.inputs[0], node.attrs.get("precision"))
+            by_left.setdefault(key, []).append(node.id)
+    return [(left, mms) for (left, _), mms in by_left.items()]
 
 
 def _bias_of(body: Graph, mm: int, params: dict[str, tuple]) -> tuple[int, str] | None:
@@ -171,7 +174,8 @@ def _pack(body: Graph, groups: list[_Group], params: dict[str, tuple]) -> dict[s
         wname = packed(names)
         new_args[wname] = tuple(names)
         warg = body.arg(wname, (params[names[0]][0], sum(params[n][1] for n in names)), ORIGIN)
-        out = body.add(ops.matmul, (left, warg), origin=ORIGIN)
+        precision = body.node(members[0]).attrs.get("precision")
+        out = body.add(ops.matmul, (left, warg), matmul_attrs(precision), origin=ORIGIN)
         if biases:
             bnames = [b[1] for b in biases]
             bname = packed(bnames)

@@ -330,11 +330,11 @@ def _post_into_pre(p: Program) -> Program:
                 arg_of(pre, name, env[name].shape, ORIGIN)
             continue
         new = copy_node(pre, p.post, nid, [moved[i] for i in node.inputs], node.origin)
-        key = cse_key(pre.node(new))
-        if key in known:
+        key = cse_key(pre.node(new))  # None: never shared (a bfloat16 product)
+        if key is not None and key in known:
             pre.remove(new)
             new = known[key]
-        moved[nid] = known.setdefault(key, new)
+        moved[nid] = new if key is None else known.setdefault(key, new)
     for name, nid in p.post.outputs.items():
         pre.outputs[name] = moved[nid]
     return replace(p, pre=pre, post=Graph(p.dtype))

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from rnnc import backends, passes, philox, process, second_order, validate
+from rnnc import precision as precision_module
 from rnnc.device import Device, device_of, is_device
 from rnnc.device_twin import DeviceTwin, routes_data, routes_tapes
 from rnnc.dsl import Cell
@@ -32,25 +33,29 @@ class Function:
 
     def __init__(self, cell: Cell, backend: str | None = None, *, optimize: bool = True,
                  check: bool | str | None = None, reverse: bool = False,
-                 parallel_scan: bool | None = None, **options: Any) -> None:
+                 parallel_scan: bool | None = None, precision: str = "fp32",
+                 **options: Any) -> None:
         if not isinstance(cell, Cell):
             raise RnncTypeError(f"compile() takes an rnnc.Cell, got {type(cell).__name__}")
         for flag, value in (("optimize", optimize), ("reverse", reverse),
                             ("parallel_scan", True if parallel_scan is None else parallel_scan)):
             if not isinstance(value, bool):
                 raise RnncTypeError(f"{flag} must be True or False, got {value!r}")
-        self._device_twin = DeviceTwin.of(backend, optimize, cell, reverse, parallel_scan, check)
         self._spec = (backend, dict(options))  # what a pickled function is rebuilt from
         backend = resolve_backend(backend, optimize)
+        self.precision = precision_module.check(precision, backend)  # rnnc/precision.py
+        self._device_twin = DeviceTwin.of(self._spec[0], optimize, cell, reverse,
+                                          parallel_scan, check, self.precision)
         cell.check()
         self.cell = cell
         self.optimize = optimize
         self.reverse = reverse
-        self.backend = backends.get(backend, **options)
+        self.backend = backends.get(backend, **options, **(
+            {"precision": self.precision} if backend == "cuda" else {}))
         # parallel-scan where the backend's linear_scan beats its loop, unless told otherwise
         self.parallel_scan = (getattr(self.backend, "parallel_scan", True)
                               if parallel_scan is None else parallel_scan)
-        self._base = cell.program(reverse=reverse)
+        self._base = precision_module.mark(cell.program(reverse=reverse), self.precision)
         self._programs: dict[tuple[str, str, bool], Program] = {}
         self._runners: dict[tuple[str, str, bool], Any] = {}
         self._lock = process.Lock()
@@ -81,12 +86,12 @@ class Function:
         backend, options = self._spec
         return {"cell": self.cell, "backend": backend, "options": options,
                 "optimize": self.optimize, "reverse": self.reverse,
-                "parallel_scan": self.parallel_scan}
+                "parallel_scan": self.parallel_scan, "precision": self.precision}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["cell"], state["backend"], optimize=state["optimize"], check=False,
                       reverse=state["reverse"], parallel_scan=state["parallel_scan"],
-                      **state["options"])
+                      precision=state.get("precision", "fp32"), **state["options"])
 
     def pipeline(self, mode: str, lengths: bool) -> tuple[str, ...]:
         """The names of the passes that make ``mode``'s program, in order."""
@@ -185,8 +190,11 @@ class Function:
 
     def _prepare(self, x: Any, params: Any, states: Any, lengths: Any, seed: Any = None):
         seed = self._seed(seed)
+        # bfloat16 arrays are float32 from here on (a "bf16" function rounds its GEMM operands)
+        x, params, states = precision_module.widen_call(self.precision, x, params, states)
         device = device_of(self.backend, x)
         xs, dtype, T, B = validate.sequences(self.inputs, x, device)
+        precision_module.check_dtype(self.precision, dtype)
         validate.params_dtype(x, params, dtype)
         env: dict[str, np.ndarray] = dict(xs)
         env.update(self._param_blocks(params, dtype, device))
@@ -211,17 +219,8 @@ class Function:
     def _new_arrays(self, T: int, B: int, given: Mapping[str, np.ndarray]
                     ) -> dict[str, tuple[tuple[int, ...], str]]:
         """The arrays any call allocates, at least: outputs, final states, omitted states."""
-        out = {}
-        for name, width in self._output_sizes.items():
-            out[f"output {name!r}"] = ((T, B, width), f"T={T}, B={B}, output size {width}")
-        for name, shape in self.states.items():
-            why = f"B={B}, state {name!r} of size {shape[-1]}"
-            out[f"final state {name!r}"] = ((B, shape[-1]), why)
-            if name not in given:
-                out[f"initial state {name!r}"] = ((B, shape[-1]), why)
-        if self.draws_masks:
-            out["random counter"] = ((T, B, 4), f"T={T}, B={B}: a step and row index per row")
-        return out
+        return validate.new_arrays(self._output_sizes, self.states, self.draws_masks, T, B,
+                                   given)
 
     def _split(self, res: Mapping[str, np.ndarray]):
         ys = {name: res[name] for name in self.outputs}
@@ -335,7 +334,8 @@ class Function:
 
 def compile(cell: Cell, backend: str | None = None, *, optimize: bool = True,  # noqa: A001
             check: bool | str | None = None, reverse: bool = False,
-            parallel_scan: bool | None = None, **options: Any) -> Function:
+            parallel_scan: bool | None = None, precision: str = "fp32",
+            **options: Any) -> Function:
     """Compile ``cell`` for ``backend`` ("numpy", "llvm" or "cuda"; None: the default).
 
     The default is the fastest backend for the data: host arrays run on "llvm" (else "numpy"
@@ -359,9 +359,11 @@ def compile(cell: Cell, backend: str | None = None, *, optimize: bool = True,  #
 
     ``parallel_scan`` runs the pass of that name (carries linear in themselves become a
     ``linear_scan`` over time): on by default for "numpy" and "cuda"; off by default for "llvm",
-    whose scan is slower than its fused loop on one or two cores (docs/passes.md)."""
+    whose scan is slower than its fused loop on one or two cores (docs/passes.md).
+    ``precision``: "fp32", "bf16" (bfloat16 GEMM operands, float32 sums and the rest float32;
+    float32 outputs), "tf32" on "cuda" only (docs/precision.md)."""
     return Function(cell, backend, optimize=optimize, check=check, reverse=reverse,
-                    parallel_scan=parallel_scan, **options)
+                    parallel_scan=parallel_scan, precision=precision, **options)
 
 
 def backend_pipeline(mode: str, backend: str | None = None) -> tuple[str, ...]:

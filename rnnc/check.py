@@ -135,7 +135,13 @@ def _prefix_function(fn: Any, table: Callable[[str, bool], tuple[str, ...]]) -> 
         def pipeline(self, mode: str, lengths: bool) -> tuple[str, ...]:
             return table(mode, lengths)
 
-    return Prefix(fn.cell, "numpy", check=False, reverse=fn.reverse)
+    return Prefix(fn.cell, "numpy", check=False, reverse=fn.reverse,
+                  precision=_oracle_precision(fn))
+
+
+def _oracle_precision(fn: Any) -> str:
+    """The oracle's precision: bfloat16 GEMMs are part of the meaning; TF32 is CUDA's own."""
+    return "bf16" if getattr(fn, "precision", "fp32") == "bf16" else "fp32"
 
 
 def _prepare_part(names: tuple[str, ...]) -> tuple[str, ...]:
@@ -208,23 +214,25 @@ def check_function(fn: Any, second_order: bool = False) -> None:
     sensitive to float32 rounding."""
     from rnnc.api import Function
 
-    oracle_fn = Function(fn.cell, "numpy", optimize=False, reverse=fn.reverse)
+    oracle_fn = Function(fn.cell, "numpy", optimize=False, reverse=fn.reverse,
+                         precision=_oracle_precision(fn))
+    dtypes = ("f32",) if _oracle_precision(fn) == "bf16" else ("f64", "f32")  # bf16: float32
     data = _Data(fn)
     sensitive: dict[str, str] = {}  # the first sign of float32 rounding, of each kind
     for masked in (False, True):
         lengths = LENGTHS if masked else None
         for mode in ("inference", "training") + ((SECOND_ORDER,) if second_order else ()):
             where = f"{mode}{' with lengths' if masked else ''}"
-            want = {d: _run(oracle_fn, data.cast(d), mode, lengths) for d in ("f64", "f32")}
-            rounding = _first_difference(want["f32"], want["f64"], "f32")
+            want = {d: _run(oracle_fn, data.cast(d), mode, lengths) for d in dtypes}
+            rounding = "f64" in want and _first_difference(want["f32"], want["f64"], "f32")
             if rounding:
                 sensitive.setdefault("oracle", f"{where}: the unoptimized program's "
                                      f"{rounding[0]} in float32 differs from float64 by "
                                      f"{rounding[1]:.3g}")
-            for dtype in ("f64", "f32"):
+            for dtype in dtypes:
                 got = _run(fn, data.cast(dtype), mode, lengths)
                 diff = _first_difference(got, want[dtype], dtype)
-                if diff is None or dtype == "f32" and (
+                if diff is None or dtype == "f32" and "f64" in want and (
                         _first_difference(got, want["f64"], "f32") is None):
                     continue  # float32 within tolerance of float64: right, however rounded
                 if dtype == "f32" and rounding:  # a different order of operations rounds

@@ -29,18 +29,22 @@ class DeviceTwin:
     """The CUDA twin of one default-backend function: built on first use, once."""
 
     def __init__(self, cell: Any, reverse: bool, parallel_scan: bool | None,
-                 check: bool | str | None) -> None:
-        self._spec = dict(reverse=reverse, parallel_scan=parallel_scan, check=check)
+                 check: bool | str | None, precision: str = "fp32") -> None:
+        self._spec = dict(reverse=reverse, parallel_scan=parallel_scan, check=check,
+                          precision=precision)
         self._cell = cell
         self._lock = process.Lock()  # fork-safe: a child never inherits it held
         self.function: Any = None  # the twin (an rnnc.Function), once built
 
     @classmethod
     def of(cls, backend: str | None, optimize: bool, cell: Any, reverse: bool,
-           parallel_scan: bool | None, check: bool | str | None) -> DeviceTwin | None:
+           parallel_scan: bool | None, check: bool | str | None, precision: str = "fp32"
+           ) -> DeviceTwin | None:
         """The twin of a function compiled with these arguments: only the default backend
         (``backend=None``) has one; the oracle (``optimize=False``) does not."""
-        return cls(cell, reverse, parallel_scan, check) if backend is None and optimize else None
+        if backend is None and optimize:
+            return cls(cell, reverse, parallel_scan, check, precision)
+        return None
 
     def get(self) -> Any:
         """The twin, built now if it is not yet; raises BackendUnavailable where CUDA cannot

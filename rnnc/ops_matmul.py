@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from rnnc.errors import ShapeError
 from rnnc.op_types import Op, OpKind, Shape, fmt_shape, register
+from rnnc.precision import BF16, matmul_attrs, round_bf16
 
 
 def matmul_shape(a: Shape, b: Shape, transpose_a: bool = False,
-                  transpose_b: bool = False) -> Shape:
+                  transpose_b: bool = False, precision: str | None = None) -> Shape:
+    if precision not in (None, "fp32", BF16):
+        raise ShapeError(f"matmul's precision must be 'fp32' or 'bf16', got {precision!r}")
     if len(a) < 1 or len(b) < 1:
         raise ShapeError(f"matmul needs arrays, got {fmt_shape(a)} @ {fmt_shape(b)}")
     if transpose_a:
@@ -36,20 +39,25 @@ def matmul_shape(a: Shape, b: Shape, transpose_a: bool = False,
     return a[:-1] + (n,)
 
 
-def matmul_ref(a, b, transpose_a=False, transpose_b=False):
+def matmul_ref(a, b, transpose_a=False, transpose_b=False, precision=None):
+    if precision == BF16:  # bfloat16 operands, products summed in float32 (rnnc.precision)
+        a, b = round_bf16(a), round_bf16(b)
     if transpose_a:
         return a.reshape(-1, a.shape[-1]).T @ b.reshape(-1, b.shape[-1])
     return a @ (b.T if transpose_b else b)
 
 
-def vjp_matmul(e, g, xs, y, transpose_a=False, transpose_b=False):
+def vjp_matmul(e, g, xs, y, transpose_a=False, transpose_b=False, precision=None):
     a, b = xs
+    # The gradient GEMMs of a bfloat16 GEMM are bfloat16 GEMMs too (autocast's rule).
+    at = matmul_attrs(precision)
     if transpose_a:
         # y = sum_r a_r^T b_r: the cotangents are per row again.
-        return e(matmul, b, g, transpose_b=True), e(matmul, a, g)
+        return e(matmul, b, g, transpose_b=True, **at), e(matmul, a, g, **at)
     if transpose_b:
-        return e(matmul, g, b), e(matmul, g, a, transpose_a=True)
-    return e(matmul, g, b, transpose_b=True), e(matmul, a, g, transpose_a=True)
+        return e(matmul, g, b, **at), e(matmul, g, a, transpose_a=True, **at)
+    return (e(matmul, g, b, transpose_b=True, **at),
+            e(matmul, a, g, transpose_a=True, **at))
 
 
 # Written a @ b on values (x @ W.T for transpose_b): no DSL function of its own.

@@ -34,7 +34,8 @@ def _from_torch(t: Any, what: str) -> np.ndarray:
                             f"use rnnc.torch.RNN inside autograd")
     if str(t.dtype) not in ("torch.float32", "torch.float64"):
         raise RnncTypeError(f"{what} is a {t.dtype} tensor; rnnc computes in float32 or float64 "
-                            f"(NumPy has no bfloat16): pass tensor.float().numpy()")
+                            f"(a bfloat16 tensor: compile with precision='bf16'): pass "
+                            f"tensor.float().numpy()")
     if t.device.type != "cpu":
         raise RnncTypeError(f"{what} is a torch tensor on {t.device}; rnnc's NumPy API takes "
                             f"host arrays: pass tensor.cpu().numpy(), or use rnnc.torch.RNN")
@@ -82,8 +83,9 @@ def float_dtype(arr: np.ndarray, what: str) -> str:
     """'f32' or 'f64' for a float array; RnncTypeError for anything else."""
     dt = FLOAT_DTYPES.get(arr.dtype)
     if dt is None:
+        hint = " (or compile with precision='bf16')" if arr.dtype.name == "bfloat16" else ""
         raise RnncTypeError(f"{what} must be float32 or float64, got {arr.dtype}: convert it "
-                            f"with .astype(np.float32)")
+                            f"with .astype(np.float32){hint}")
     return dt
 
 
@@ -269,3 +271,21 @@ def call_memory(arrays: Mapping[str, tuple[tuple[int, ...], str]], dtype: str,
                          f"{shape} {np.dtype(_np(dtype)).name} = {sizes[name]:,} bytes ({why}); "
                          f"use a smaller batch or hidden size, or shorter sequences")
 
+
+
+def new_arrays(output_sizes: Mapping[str, int], states: Mapping[str, tuple], draws_masks: bool,
+               T: int, B: int, given: Mapping[str, Any]
+               ) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The arrays any call allocates, at least: outputs, final states, omitted states, and
+    the random counter of a cell that draws masks; each with the sizes that make it."""
+    out = {}
+    for name, width in output_sizes.items():
+        out[f"output {name!r}"] = ((T, B, width), f"T={T}, B={B}, output size {width}")
+    for name, shape in states.items():
+        why = f"B={B}, state {name!r} of size {shape[-1]}"
+        out[f"final state {name!r}"] = ((B, shape[-1]), why)
+        if name not in given:
+            out[f"initial state {name!r}"] = ((B, shape[-1]), why)
+    if draws_masks:
+        out["random counter"] = ((T, B, 4), f"T={T}, B={B}: a step and row index per row")
+    return out

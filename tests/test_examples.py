@@ -14,12 +14,12 @@ EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 TIMEOUT = 120
 
 
-def run(script: str, *args: str, cwd: pathlib.Path) -> str:
+def run(script: str, *args: str, cwd: pathlib.Path, timeout: float = TIMEOUT) -> str:
     """Run ``examples/<script>`` with ``args`` in ``cwd``; return its output, failing on rc != 0."""
     # One BLAS/OpenMP thread each: the smoke runs are tiny, and spare threads only spin.
     env = {**os.environ, "RNNC_THREADS": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, str(EXAMPLES / script), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=TIMEOUT)
+                          capture_output=True, text=True, timeout=timeout)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"{script} exited with {proc.returncode}:\n{out[-4000:]}"
     return out
@@ -124,3 +124,17 @@ def test_every_example_has_a_smoke_test() -> None:
 @pytest.mark.parametrize("script", sorted(SMOKE))
 def test_example_runs(script: str, tmp_path: pathlib.Path) -> None:
     SMOKE[script](tmp_path)
+
+
+def _char_lm_last_loss(precision: str, tmp_path: pathlib.Path) -> float:
+    # docs/precision.md's command: the defaults (LSTM, hidden 128, seq 64, batch 32, seed 0)
+    out = run("char_lm.py", "--steps", "500", "--print-every", "100", "--sample-len", "10",
+              "--precision", precision, "--out", precision, cwd=tmp_path, timeout=3600)
+    return float(re.search(r"^loss: first [\d.]+ last ([\d.]+)", out, re.M)[1])
+
+
+@pytest.mark.slow
+def test_char_lm_bf16_loss_within_two_percent_of_fp32(tmp_path: pathlib.Path) -> None:
+    """Training with bfloat16 GEMMs ends within 2% of float32's loss (docs/precision.md)."""
+    fp32, bf16 = (_char_lm_last_loss(p, tmp_path) for p in ("fp32", "bf16"))
+    assert abs(bf16 - fp32) <= 0.02 * fp32, (fp32, bf16)

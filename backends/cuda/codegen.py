@@ -67,6 +67,7 @@ class Gemm:
     transpose_a: bool
     transpose_b: bool
     shape: Shape
+    precision: str | None = None  # "bf16": bfloat16 operands, float32 sums (.bf16)
 
 
 Work = Launch | Gemm | FusedStep
@@ -172,7 +173,8 @@ def graph_steps(graph: GraphSteps, kernels: _Kernels,
         elif step.op is ops.matmul:
             attrs = step.attrs
             steps.append(Gemm(step.slot, *step.inputs, bool(attrs.get("transpose_a")),
-                              bool(attrs.get("transpose_b")), step.node.shape))
+                              bool(attrs.get("transpose_b")), step.node.shape,
+                              attrs.get("precision")))
         elif step.op is FUSED or step.op.kind in KERNEL_KINDS:
             steps.append(kernels.launch(nodes, step))
         elif step.op.kind is ops.OpKind.SCAN:  # over the time axis, outside the loop: scan.py

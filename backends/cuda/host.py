@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from rnnc import ops
+from rnnc.backends.cuda import bf16
 from rnnc.backends.cuda.codegen import BLOCK, Gemm, Module, Work
 from rnnc.backends.cuda.fused_step import FusedStep
 from rnnc.backends.cuda.persistent import PersistentLaunch, record_persistent
@@ -44,6 +45,7 @@ from rnnc.backends.cuda.plan import (
 from rnnc.backends.cuda.scan import chunked_geometry
 from rnnc.backends.steps import GraphSteps, ProgramSteps, resolve
 from rnnc.ir import ARG, GET, Shape
+from rnnc.precision import BF16
 
 MAX_BLOCKS = 8192  # grid-stride loops cover the rest; enough blocks to fill any current GPU
 
@@ -186,7 +188,7 @@ class Host:
         if isinstance(step, Gemm):
             out = destination((step.node, 0), step.shape)
             self.record_gemm(plan, replace(at, kind="gemm"), vals[step.a], vals[step.b], out,
-                             step.transpose_a, step.transpose_b)
+                             step.transpose_a, step.transpose_b, step.precision)
             return out
         outs = [destination((step.node, k), shape) for k, shape in enumerate(step.shapes)]
         # One thread per element, or per row (every result of a row kernel has the same rows).
@@ -217,13 +219,15 @@ class Host:
         return outs
 
     def record_gemm(self, plan: Plan | Loop, at: Entry, a: Any, b: Any, out: Any,
-                    transpose_a: bool, transpose_b: bool) -> None:
-        """``out = a @ b`` on 2-D views; transpose_a contracts every leading axis of a and b."""
+                    transpose_a: bool, transpose_b: bool, precision: str | None = None) -> None:
+        """``out = a @ b`` on 2-D views; transpose_a contracts every leading axis of a and b;
+        ``precision="bf16"`` in bfloat16 with float32 sums (:mod:`.bf16`)."""
+        matmul = bf16.matmul_for(self.xp) if precision == BF16 else self.xp.matmul
         a2 = a.reshape(-1, a.shape[-1])
         if transpose_a:
-            plan.record(at, self.xp.matmul, a2.T, b.reshape(-1, b.shape[-1]), out=out)
+            plan.record(at, matmul, a2.T, b.reshape(-1, b.shape[-1]), out=out)
         else:
-            plan.record(at, self.xp.matmul, a2, b.T if transpose_b else b,
+            plan.record(at, matmul, a2, b.T if transpose_b else b,
                         out=out.reshape(-1, out.shape[-1]))
 
     def scan_outputs(self, plan: Plan, dims: Mapping[str, int], buffers: Buffers

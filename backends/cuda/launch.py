@@ -38,6 +38,7 @@ C_TYPES: dict[str, np.dtype] = {
     "long long": np.dtype(np.int64),
     "long long int": np.dtype(np.int64),
     "int64_t": np.dtype(np.int64),
+    "unsigned short": np.dtype(np.uint16),  # bfloat16 bits (.bf16), buffers only
 }
 
 CTYPES_SCALARS: dict[np.dtype, type] = {

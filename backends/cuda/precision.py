@@ -22,18 +22,16 @@ from typing import Any
 
 import numpy as np
 
-from rnnc.errors import RnncValueError
+from rnnc import precision as precision_option
 
-PRECISIONS = ("highest", "tf32")
+PRECISIONS = ("highest", "tf32")  # the CUDA names; rnnc.precision adds "fp32" and "bf16"
 _DROPPED = 13  # float32 mantissa bits that TF32 does not keep (23 - 10)
 
 
 def check(precision: Any) -> str:
-    """``precision`` if it is one of :data:`PRECISIONS`, else an RnncValueError."""
-    if precision not in PRECISIONS:
-        raise RnncValueError(f"precision must be one of {', '.join(map(repr, PRECISIONS))} "
-                             f"(TF32 GEMMs on tensor cores: 'tf32'), got {precision!r}")
-    return precision
+    """``precision`` by its canonical name (:func:`rnnc.precision.check`): "fp32" (also
+    "highest"), "tf32" or "bf16", else an RnncValueError."""
+    return precision_option.check(precision, "cuda")
 
 
 def round_tf32(a: np.ndarray) -> np.ndarray:

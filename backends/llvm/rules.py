@@ -15,12 +15,13 @@ from collections.abc import Callable
 from llvmlite import ir
 
 from rnnc import ops
-from rnnc.backends.llvm import gemm, region
+from rnnc.backends.llvm import bf16, gemm, region
 from rnnc.backends.llvm.context import Buffer, Context
 from rnnc.backends.llvm.kernels import Kernel, emit_reduce, emit_sum_rows
 from rnnc.backends.llvm.scalar import INDEXED, SCALAR
 from rnnc.backends.llvm.scan import emit_last_step, emit_linear_scan
 from rnnc.ir import Node
+from rnnc.precision import BF16
 
 
 def _loop(ctx: Context, node: Node, out: Buffer, *operands: Buffer) -> None:
@@ -30,6 +31,13 @@ def _loop(ctx: Context, node: Node, out: Buffer, *operands: Buffer) -> None:
 
 
 def _matmul(ctx: Context, node: Node, out: Buffer, a: Buffer, b: Buffer) -> None:
+    if node.attrs.get("precision") == BF16:  # bfloat16 operands, float32 sums: bf16.py
+        bf16.emit_matmul(ctx, node, out, a, b, _fp32_matmul)
+        return
+    _fp32_matmul(ctx, node, out, a, b)
+
+
+def _fp32_matmul(ctx: Context, node: Node, out: Buffer, a: Buffer, b: Buffer) -> None:
     rows = ctx.numel(a.shape[:-1])
     if node.attrs.get("transpose_a"):
         # Every leading axis is contracted: (rows, K)^T (rows, N).

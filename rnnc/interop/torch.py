@@ -34,7 +34,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from rnnc.errors import RnncRuntimeError, RnncTypeError, RnncValueError
-from rnnc.interop import torch_autograd, torch_ops
+from rnnc.interop import torch_autograd, torch_ops, torch_precision
 from rnnc.interop import weights as W
 from rnnc.interop.torch_autograd import from_numpy, to_numpy
 from rnnc.interop.torch_checks import (
@@ -89,6 +89,7 @@ class RNN(nn.Module):
                                dtype=np.float64 if dtype == torch.float64 else np.float32,
                                **backend_options)
         self.mode = mode
+        self.built_precision = backend_options.get("precision", "fp32")  # torch_precision
         if mode in ("rnn_tanh", "rnn_relu"):
             self.nonlinearity = mode[4:]
         self.input_size, self.hidden_size = input_size, hidden_size
@@ -255,6 +256,7 @@ class RNN(nn.Module):
             raise RnncValueError(f"{name}: Expected input to be 2D or 3D, got {x.dim()}D instead")
         params = self._flat_parameters()  # a custom cell may have none: then the layer's
         dtype = params[0].dtype if params else torch_dtype(self.layer.dtype)
+        dtype = torch.float32 if dtype == torch.bfloat16 else dtype  # a bf16 call: float32 x
         check_dtypes(name, dtype, x.dtype)
         check_input_dtype(name, dtype, x.dtype, has_params=bool(params))
         if x.shape[-1] != self.input_size:
@@ -337,10 +339,14 @@ class RNN(nn.Module):
                 raise RnncTypeError(f"input must be a tensor or a PackedSequence, got "
                                     f"{type(x).__name__}")
             unbatched = x.dim() == 2
+        precision, out_dtype = torch_precision.call_precision(self, x)
+        x = torch_precision.widen(x) if precision == "bf16" else x
         self._check_input(x)
         if unbatched:
             x = x.unsqueeze(0 if self.batch_first else 1)
         states = self._states_in(hx)
+        if precision == "bf16":
+            states = [torch_precision.widen(s) for s in states]
         self._check_states(states, x.shape[0 if self.batch_first else 1], x.dtype, unbatched)
         if unbatched:
             states = [None if s is None else s.unsqueeze(1) for s in states]
@@ -352,8 +358,10 @@ class RNN(nn.Module):
             # torch_ops.apply draws it under torch.compile: the same masks either way.
             seed = int(torch.randint(0, torch_ops.SEED_HIGH, (1,)).item()) \
                 if torch_ops.needs_seed(self) else None
-            y, *final = torch_autograd.apply(self, lengths, seed, x, states,
-                                             self._flat_parameters(), extras)
+            params = [torch_precision.widen(p) for p in self._flat_parameters()]
+            y, *final = torch_autograd.apply(self, lengths, seed, x, states, params, extras)
+        if out_dtype is not None:  # a .to(torch.bfloat16) module answers in bfloat16
+            y, final = y.to(out_dtype), [f.to(out_dtype) for f in final]
         if unbatched:
             y = y.squeeze(0 if self.batch_first else 1)
             final = [f.squeeze(1) for f in final]

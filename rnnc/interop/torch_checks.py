@@ -13,7 +13,7 @@ from rnnc.interop.cell_params import TORCH_MODES
 from rnnc.layers import CellFactory, check_dropout
 from rnnc.layers.checks import warn_single_layer_dropout
 
-DTYPES = (torch.float32, torch.float64)  # what rnnc computes in (no bfloat16/float16 yet)
+DTYPES = (torch.float32, torch.float64)  # what rnnc computes in (bfloat16: torch_precision)
 
 
 def check_arguments(mode: Any, nonlinearity: str | None, input_size: Any, hidden_size: Any,

@@ -98,7 +98,8 @@ class _Paths:
             if into is None else into
         grads = []
         for d in range(D):
-            g = layer.function(k, d).backward(
+            # the function that recorded the tape: its precision may not be the layer's now
+            g = tape.tapes[k][d].owner.backward(
                 tape.tapes[k][d], {layer.output_name: self.output_cotangent(g_out, d)},
                 {n: d_states[n][k * D + d] for n in layer.state_sizes})
             self.add_x(k, g.x, gx, extra)

@@ -118,7 +118,7 @@ class RNN:
         # Host parameters uploaded for device calls, by (layer, direction): see layers.run.
         self._uploaded: dict[tuple[int, int], tuple[np.ndarray, Any]] = {}
         self._cells: dict[int, Cell] = {}
-        self._functions: dict[tuple[int, bool], Function] = {}
+        self._functions: dict[tuple[int, bool, str], Function] = {}
         first = self._cell(self.input_size)
         self.cell_name, self.input_name = first.name, next(iter(first.inputs))
         self.output_name = checks.output_name(first)
@@ -153,12 +153,14 @@ class RNN:
 
     def _function(self, in_size: int, reverse: bool = False) -> Function:
         """Compile on first use: after unpickling, functions are rebuilt here from the cell."""
-        if (in_size, reverse) not in self._functions:
+        # keyed by precision too: rnnc.torch.RNN switches it per call (autocast, bfloat16)
+        key = (in_size, reverse, self.backend_options.get("precision", "fp32"))
+        if key not in self._functions:
             backend = None if getattr(self, "default_backend", False) else self.backend
-            self._functions[in_size, reverse] = _compiled(
+            self._functions[key] = _compiled(
                 self.mode, self._cell(in_size), in_size, self.hidden_size, backend,
                 self.backend_options, self.proj_size, reverse)
-        return self._functions[in_size, reverse]
+        return self._functions[key]
 
     @property
     def draws_masks(self) -> bool:

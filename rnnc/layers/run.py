@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from rnnc import philox
+from rnnc import precision as precision_module
 from rnnc.api import Tape
 from rnnc.device import Device
 from rnnc.layers import checks
@@ -96,6 +97,9 @@ def run(layer: LayerStack, x: Any, lengths: Any, states: Any, params: Any, train
         seed: Any = None) -> Result:
     """``(y, final_states, tape)`` of ``RNN.forward`` (the tape is None unless ``train``)."""
     seed = call_seed(layer, seed, rng)
+    # bfloat16 data is float32 from here on: a "bf16" layer rounds its GEMM operands
+    precision = layer.backend_options.get("precision", "fp32")
+    x, states, extra = (precision_module.widen(v, precision) for v in (x, states, extra))
     grid = checks.check_params(layer, params)
     dtype = params_dtype(layer, grid)
     ops = Arrays(checks.call_device(layer, x, extra))

@@ -67,5 +67,5 @@ def test_tf32_leaves_float64_programs_alone() -> None:
 
 @pytest.mark.parametrize("bad", ["TF32", "fp16", None, 32])
 def test_an_unknown_precision_is_named(bad) -> None:
-    with pytest.raises(RnncValueError, match="precision must be one of 'highest', 'tf32'"):
+    with pytest.raises(RnncValueError, match="precision must be one of 'fp32', 'tf32', 'bf16'"):
         rnnc.compile(rnnc.cells.lstm(2, 2), backend="cuda", emulate=True, precision=bad)

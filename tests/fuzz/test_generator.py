@@ -86,8 +86,9 @@ class _Perturbed:
     """A fake compiled function: the NumPy backend with ``delta`` added to every output when
     ``trigger(cell)`` holds. It tests the shrinker, not rnnc."""
 
-    def __init__(self, cell: rnnc.Cell, delta: float, trigger) -> None:
-        self.fn = rnnc.compile(cell, backend="numpy")
+    def __init__(self, cell: rnnc.Cell, delta: float, trigger, precision: str = "fp32") -> None:
+        self.fn = rnnc.compile(cell, backend="numpy", precision=precision)
+        self.precision = precision
         self.delta = delta if trigger(cell) else 0.0
 
     def _shift(self, ys: dict) -> dict:
@@ -110,7 +111,7 @@ def _has_op(cell: rnnc.Cell, name: str) -> bool:
 
 
 def test_shrinker_reduces_an_injected_output_error_to_a_tiny_cell() -> None:
-    target = Target("perturbed", lambda cell: _Perturbed(cell, 0.1, lambda c: True))
+    target = Target("perturbed", lambda cell, **o: _Perturbed(cell, 0.1, lambda c: True, **o))
     seed = next(s for s in range(50) if generate(s).size() >= 30)
     c_spec = generate(seed)
     found = check(c_spec, 4, 3, seed, target)
@@ -124,7 +125,8 @@ def test_shrinker_reduces_an_injected_output_error_to_a_tiny_cell() -> None:
 
 def test_shrinker_keeps_the_construct_that_triggers_the_error() -> None:
     """A fake miscompilation of ``where`` only: the shrunk cell is small and has a where."""
-    target = Target("where-bug", lambda cell: _Perturbed(cell, 0.1, lambda c: _has_op(c, "where")))
+    target = Target("where-bug", lambda cell, **o: _Perturbed(
+        cell, 0.1, lambda c: _has_op(c, "where"), **o))
     seed = next(s for s in range(100) if "where" in patterns(generate(s))
                 and generate(s).size() >= 25)
     found = check(generate(seed), 4, 3, seed, target)
@@ -139,7 +141,7 @@ def test_shrinker_keeps_the_construct_that_triggers_the_error() -> None:
 
 
 def test_campaign_reports_a_failure_with_a_reproducer() -> None:
-    target = Target("perturbed", lambda cell: _Perturbed(cell, 0.1, lambda c: True))
+    target = Target("perturbed", lambda cell, **o: _Perturbed(cell, 0.1, lambda c: True, **o))
     reports, stats = fuzz([3, 4], target, lambda k: (("float64", False),), shrink_budget_s=60)
     assert len(reports) == 2 and stats.cells == 2
     assert all("def make_cell():" in r and "max error 0.1" in r for r in reports)
@@ -147,7 +149,8 @@ def test_campaign_reports_a_failure_with_a_reproducer() -> None:
 
 def test_bundled_failure_is_traced_to_its_cell() -> None:
     """In a bundle, only cells with a where are 'miscompiled': the report names one of them."""
-    target = Target("where-bug", lambda cell: _Perturbed(cell, 0.1, lambda c: _has_op(c, "where")))
+    target = Target("where-bug", lambda cell, **o: _Perturbed(
+        cell, 0.1, lambda c: _has_op(c, "where"), **o))
     seeds = [s for s in range(40) if "where" not in patterns(generate(s))][:3]
     seeds.append(next(s for s in range(40, 100) if "where" in patterns(generate(s))))
     reports, stats = fuzz(seeds, target, lambda k: (("float64", True),), bundle_size=4,

@@ -102,3 +102,25 @@ def test_gpu_benchmark_runs_in_emulation(capsys) -> None:
     # C4 is stacked and bidirectional: the NumPy round trip only, no device row yet
     assert {name for config, name in names if config == "C4-tiny"} == expected - {"rnnc device"}
     assert all(float(row[4].split()[0]) > 0 for row in rows)
+
+
+def test_bench_bf16_rows_beside_the_fp32_ones(tmp_path) -> None:
+    import json
+
+    data = tmp_path / "bench.json"
+    code = bench.main(["--size", "tiny", "--backend", "numpy", "--configs", "C3", "--cells",
+                       "lstm", "--modes", "inference", "--peers", "torch", "--precision",
+                       "bf16", "--reps", "1", "--warmup", "1", "--no-compile-time", "--json",
+                       str(data)])
+    assert code == 0
+    rows = json.loads(data.read_text())["rows"]
+    assert [(r["peer"], r["precision"]) for r in rows] == [
+        ("torch", "fp32"), ("torch-bf16", "bf16"), ("torch-autocast", "bf16")]
+    for r in rows:
+        assert r["rnnc_gflops"] > 0 and r["peer_gflops"] > 0
+        assert math.isclose(r["rnnc_gflops"] * r["rnnc_ms"], r["peer_gflops"] * r["peer_ms"])
+        # the same cell: bfloat16 rounding apart (nn.LSTM in bf16 rounds its elementwise too)
+        assert r["max_abs_diff"] < (1e-4 if r["precision"] == "fp32" else 5e-2)
+    flop = bench.CONFIGS["C1"]
+    assert bench.gemm_flop(bench.CELLS["lstm"], flop, "inference") == \
+        2 * 4 * flop.H * (flop.I + flop.H) * flop.T * flop.B * flop.layers * flop.directions

@@ -87,7 +87,7 @@ def test_unknown_hx_key_is_an_error():
     torch.testing.assert_close(m(x, {"h": h})[0], m(x, (h,))[0])
 
 
-@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("half", [torch.float16])  # bfloat16 runs: test_torch_bf16.py
 def test_half_precision_module_names_the_torch_fix(half):
     x = torch.randn(4, 2, 3)
     for m in (rt.RNN("LSTM", 3, 4, backend="numpy").to(half),

@@ -19,6 +19,7 @@ import os
 import sys
 
 from rnnc import process
+from rnnc.tools.bench.bf16 import PRECISIONS, bench_bf16
 from rnnc.tools.bench.configs import (
     CELLS,
     CONFIGS,
@@ -26,6 +27,7 @@ from rnnc.tools.bench.configs import (
     PEERS,
     CellSpec,
     Config,
+    gemm_flop,
     layer_params,
     tiny,
 )
@@ -76,6 +78,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls first (>= 1)")
     parser.add_argument("--no-compile-time", action="store_true",
                         help="skip measuring LSTM compile time (cold and cached)")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                        help="bf16: also time rnnc with precision='bf16' against nn.LSTM/nn.GRU "
+                             ".to(bfloat16), torch.autocast and JAX in bfloat16, in the same "
+                             "run as the fp32 rows")
     parser.add_argument("--markdown", metavar="FILE", help="also write the table as Markdown")
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     parser.add_argument("--png", metavar="FILE", help="bar chart of ratios (needs matplotlib)")
@@ -141,6 +147,8 @@ def run(args: argparse.Namespace) -> int:
         for cell in args.cells:
             for mode in args.modes:
                 new = bench_one(config, cell, mode, peers, args, options)
+                if getattr(args, "precision", "fp32") == "bf16":
+                    new += bench_bf16(config, cell, mode, peers, args, options)
                 for line in format_table(new).splitlines()[2:]:
                     print(line, flush=True)
                 rows += new
@@ -175,4 +183,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["CELLS", "COLUMNS", "CONFIGS", "MODES", "PEERS", "CellSpec", "Config", "add_arguments",
+           "gemm_flop",
            "bench_one", "layer_params", "main", "rnnc_call", "run", "tiny", "timed"]

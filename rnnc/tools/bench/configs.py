@@ -95,3 +95,20 @@ def layer_params(spec: CellSpec, config: Config) -> list[list[dict[str, np.ndarr
         cell = spec.factory(size, config.H)
         grid.append([cell.init_params(seed=100 * layer + d) for d in range(config.directions)])
     return grid
+
+
+def gemm_flop(spec: CellSpec, config: Config, mode: str) -> float:
+    """The floating-point operations of the cell's GEMMs over one call of ``config``: 2 per
+    multiply-add of every matmul of every layer, direction and step; training does three
+    times the forward's (the forward, and the two gradient GEMMs of each product)."""
+    from rnnc import ops
+
+    per_row = 0
+    for layer in range(config.layers):
+        size = config.I if layer == 0 else config.directions * config.H
+        body = spec.factory(size, config.H).program().scan.body
+        for node in body.nodes():
+            if node.op is ops.matmul:
+                k, n = body.node(node.inputs[0]).shape[-1], node.shape[-1]
+                per_row += 2 * k * n * config.directions
+    return float(per_row * config.T * config.B * (3 if mode == "training" else 1))

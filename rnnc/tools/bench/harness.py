@@ -24,7 +24,7 @@ import numpy as np
 
 import rnnc
 from rnnc import process
-from rnnc.tools.bench.configs import CELLS, CellSpec, Config, layer_params
+from rnnc.tools.bench.configs import CELLS, CellSpec, Config, gemm_flop, layer_params
 from rnnc.tools.bench.peers import jax_call, torch_builtin_call, torch_eager_call
 
 
@@ -134,10 +134,19 @@ def bench_one(config: Config, cell: str, mode: str, peers: list[str], args: argp
             xt = torch.from_numpy(x)
             calls[peer] = lambda fn=fn, xt=xt: fn(xt)
     timings, firsts = timed(calls, args.reps, args.warmup)
+    return rows_of(config, cell, mode, timings, firsts, labels, "fp32")
+
+
+def rows_of(config: Config, cell: str, mode: str, timings: dict[str, Timing],
+            firsts: dict[str, Any], labels: dict[str, str], precision: str
+            ) -> list[dict[str, Any]]:
+    """One row per peer of ``timings``: both sides' times, the ratio, GFLOP/s of the GEMMs
+    (:func:`~.configs.gemm_flop`) and how far the first outputs are apart."""
     ours = timings["rnnc"]
     y = _as_numpy(firsts["rnnc"])
+    flop = gemm_flop(CELLS[cell], config, mode)
     rows = []
-    for peer in calls:
+    for peer in timings:
         if peer == "rnnc":
             continue
         theirs = timings[peer]
@@ -149,7 +158,9 @@ def bench_one(config: Config, cell: str, mode: str, peers: list[str], args: argp
             "peer_ms": theirs.median_ms, "peer_min_ms": theirs.min_ms,
             "peer_max_ms": theirs.max_ms, "ratio": ours.median_ms / theirs.median_ms,
             "rnnc_first_ms": 1e3 * ours.first, "peer_first_ms": 1e3 * theirs.first,
-            "max_abs_diff": diff, "reps": len(ours.times),
+            "max_abs_diff": diff, "reps": len(ours.times), "precision": precision,
+            "rnnc_gflops": flop / (ours.median_ms * 1e6),
+            "peer_gflops": flop / (theirs.median_ms * 1e6),
         })
     return rows
 

@@ -8,7 +8,7 @@ import platform
 from typing import Any
 
 COLUMNS = ("config", "cell", "mode", "peer", "rnnc ms", "rnnc min-max", "peer ms",
-           "peer min-max", "ratio")
+           "peer min-max", "ratio", "precision", "rnnc GFLOP/s", "peer GFLOP/s")
 
 
 def _fmt(ms: float) -> str:
@@ -19,7 +19,9 @@ def table_rows(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     """The rows as strings under :data:`COLUMNS`."""
     return [(r["config"], r["cell"], r["mode"], r["peer"], _fmt(r["rnnc_ms"]),
              f"{_fmt(r['rnnc_min_ms'])}-{_fmt(r['rnnc_max_ms'])}", _fmt(r["peer_ms"]),
-             f"{_fmt(r['peer_min_ms'])}-{_fmt(r['peer_max_ms'])}", f"{r['ratio']:.2f}")
+             f"{_fmt(r['peer_min_ms'])}-{_fmt(r['peer_max_ms'])}", f"{r['ratio']:.2f}",
+             r.get("precision", "fp32"), f"{r.get('rnnc_gflops', 0.0):.3g}",
+             f"{r.get('peer_gflops', 0.0):.3g}")
             for r in rows]
 
 
