@@ -1,8 +1,9 @@
-"""Graph-rewriting helpers shared by the passes: node copies, fresh names, dead-code removal."""
+"""Graph-editing helpers shared by the passes: node copies, fresh names, dead-code removal."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from rnnc import ops
 from rnnc.ir import ARG, FUSED, GET, Graph, Program
@@ -67,3 +68,28 @@ def per_step(shape: tuple) -> bool:
 def constant_value(g: Graph, nid: int) -> float | None:
     node = g.node(nid)
     return float(node.attrs["value"]) if node.op is ops.constant else None
+
+
+def prune_outputs(p: Program) -> Program:
+    """Drop outputs nobody reads: post outputs not in results, unused stacked/summed/pre (the
+    one output pruning of the passes: canonicalize and prune-outputs run it)."""
+    post = p.post.copy()
+    post.outputs = {n: o for n, o in post.outputs.items() if n in p.results}
+    post_reads = set(post.args())
+    s = p.scan
+    body = s.body.copy()
+    needed = set(p.results) | post_reads
+    stacked = tuple(n for n in s.stacked if n in needed)
+    summed = tuple(n for n in s.summed if n in needed)
+    carries = {c.name for c in s.carries}
+    body.outputs = {n: o for n, o in body.outputs.items()
+                    if n in carries or n in stacked or n in summed}
+    reads = set(body.args())
+    seqs = tuple(n for n in s.seqs if n in reads or n in p.args)
+    consts = tuple(n for n in s.consts if n in reads or n in p.args)
+    pre = p.pre.copy()
+    pre_needed = set(seqs) | set(consts) | {c.init for c in s.carries} | post_reads
+    pre_needed |= set(p.results)
+    pre.outputs = {n: o for n, o in pre.outputs.items() if n in pre_needed}
+    scan = replace(s, body=body, seqs=seqs, consts=consts, stacked=stacked, summed=summed)
+    return replace(p, pre=pre, scan=scan, post=post)
