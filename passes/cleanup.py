@@ -15,21 +15,82 @@ Example (``tests/passes/test_pass_examples.py`` checks the listings)::
     z = rnnc.sigmoid(x @ W)
     new = (1 - z) * h + z * (x @ U)
     c.update(h=new)
-    c.output("y", new)
+    c.output("y", new * z)
 
-Before (after drop-empty-loop)::
+Before (after drop-empty-loop): ``y = new * z`` was computed in ``post`` from its own copy of
+``z``, and joined ``pre``, which already had one::
 
     program mingru inference: after drop-empty-loop (f32) {
+      inputs: x: f32[T,B,2]
+      states: h: f32[B,2]
+      params: W|U: f32[2,4]
+      pre {
+        %0: f32[T,B,4] = matmul(x, W|U)  # hoist-sequence
+        %1: f32[] = constant[value=1.0]()  # parallel-scan
+        %2: f32[T,B,2] = slice[start=0, stop=2](%0)  # parallel-scan
+        %3: f32[T,B,2] = sigmoid(%2)  # parallel-scan
+        %4: f32[T,B,2] = sub(%1, %3)  # parallel-scan
+        %5: f32[T,B,2] = slice[start=2, stop=4](%0)  # parallel-scan
+        %6: f32[T,B,2] = mul(%3, %5)  # parallel-scan
+        %7: f32[T,B,2] = linear_scan[exclusive=False, reverse=False](%4, %6, h)  # parallel-scan
+        %8: f32[B,2] = last_step[reverse=False](%7)  # parallel-scan
+        %9: f32[T,B,2] = slice[start=0, stop=2](%0)  # hoist-sequence
+        %10: f32[T,B,2] = sigmoid(%9)  # hoist-sequence
+        %11: f32[T,B,2] = mul(%7, %10)  # hoist-sequence
+        yield hoist.0=%0, hoist.1=%7, h.final=%8, sink.0=%7, y=%11, sink.1=%10
+      }
+      scan forward {
+      }
+      results: y, h.final
     }
 
-After cse::
+After cse: one ``z``; the products hoist-sequence and parallel-scan passed to the loop are
+still yielded::
 
     program mingru inference: after cse (f32) {
+      inputs: x: f32[T,B,2]
+      states: h: f32[B,2]
+      params: W|U: f32[2,4]
+      pre {
+        %0: f32[T,B,4] = matmul(x, W|U)  # hoist-sequence
+        %1: f32[] = constant[value=1.0]()  # parallel-scan
+        %2: f32[T,B,2] = slice[start=0, stop=2](%0)  # parallel-scan
+        %3: f32[T,B,2] = sigmoid(%2)  # parallel-scan
+        %4: f32[T,B,2] = sub(%1, %3)  # parallel-scan
+        %5: f32[T,B,2] = slice[start=2, stop=4](%0)  # parallel-scan
+        %6: f32[T,B,2] = mul(%3, %5)  # parallel-scan
+        %7: f32[T,B,2] = linear_scan[exclusive=False, reverse=False](%4, %6, h)  # parallel-scan
+        %8: f32[B,2] = last_step[reverse=False](%7)  # parallel-scan
+        %9: f32[T,B,2] = mul(%7, %3)  # hoist-sequence
+        yield hoist.0=%0, hoist.1=%7, h.final=%8, sink.0=%7, y=%9, sink.1=%3
+      }
+      scan forward {
+      }
+      results: y, h.final
     }
 
-After prune-outputs::
+After prune-outputs: only the results are yielded::
 
     program mingru inference: after prune-outputs (f32) {
+      inputs: x: f32[T,B,2]
+      states: h: f32[B,2]
+      params: W|U: f32[2,4]
+      pre {
+        %0: f32[T,B,4] = matmul(x, W|U)  # hoist-sequence
+        %1: f32[] = constant[value=1.0]()  # parallel-scan
+        %2: f32[T,B,2] = slice[start=0, stop=2](%0)  # parallel-scan
+        %3: f32[T,B,2] = sigmoid(%2)  # parallel-scan
+        %4: f32[T,B,2] = sub(%1, %3)  # parallel-scan
+        %5: f32[T,B,2] = slice[start=2, stop=4](%0)  # parallel-scan
+        %6: f32[T,B,2] = mul(%3, %5)  # parallel-scan
+        %7: f32[T,B,2] = linear_scan[exclusive=False, reverse=False](%4, %6, h)  # parallel-scan
+        %8: f32[B,2] = last_step[reverse=False](%7)  # parallel-scan
+        %9: f32[T,B,2] = mul(%7, %3)  # hoist-sequence
+        yield h.final=%8, y=%9
+      }
+      scan forward {
+      }
+      results: y, h.final
     }
 """
 

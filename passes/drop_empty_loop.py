@@ -17,14 +17,52 @@ Example (``tests/passes/test_pass_examples.py`` checks the listings)::
     c.update(h=new)
     c.output("y", new)
 
-Before (after parallel-scan and hoist-sequence)::
+Before (after parallel-scan and hoist-sequence): the loop only stacks the scan's values as
+``y``::
 
     program mingru inference: after hoist-sequence (f32) {
+      inputs: x: f32[T,B,2]
+      states: h: f32[B,2]
+      params: W|U: f32[2,4]
+      pre {
+        %0: f32[T,B,4] = matmul(x, W|U)  # hoist-sequence
+        %1: f32[] = constant[value=1.0]()  # parallel-scan
+        %2: f32[T,B,2] = slice[start=0, stop=2](%0)  # parallel-scan
+        %3: f32[T,B,2] = sigmoid(%2)  # parallel-scan
+        %4: f32[T,B,2] = sub(%1, %3)  # parallel-scan
+        %5: f32[T,B,2] = slice[start=2, stop=4](%0)  # parallel-scan
+        %6: f32[T,B,2] = mul(%3, %5)  # parallel-scan
+        %7: f32[T,B,2] = linear_scan[exclusive=False, reverse=False](%4, %6, h)  # parallel-scan
+        %8: f32[B,2] = last_step[reverse=False](%7)  # parallel-scan
+        yield hoist.0=%0, hoist.1=%7, h.final=%8
+      }
+      scan forward seqs(hoist.1) stacked(y) {
+        yield y=hoist.1
+      }
+      results: y, h.final
     }
 
-After::
+After: ``y`` is the scan itself, and the loop is empty::
 
     program mingru inference: after drop-empty-loop (f32) {
+      inputs: x: f32[T,B,2]
+      states: h: f32[B,2]
+      params: W|U: f32[2,4]
+      pre {
+        %0: f32[T,B,4] = matmul(x, W|U)  # hoist-sequence
+        %1: f32[] = constant[value=1.0]()  # parallel-scan
+        %2: f32[T,B,2] = slice[start=0, stop=2](%0)  # parallel-scan
+        %3: f32[T,B,2] = sigmoid(%2)  # parallel-scan
+        %4: f32[T,B,2] = sub(%1, %3)  # parallel-scan
+        %5: f32[T,B,2] = slice[start=2, stop=4](%0)  # parallel-scan
+        %6: f32[T,B,2] = mul(%3, %5)  # parallel-scan
+        %7: f32[T,B,2] = linear_scan[exclusive=False, reverse=False](%4, %6, h)  # parallel-scan
+        %8: f32[B,2] = last_step[reverse=False](%7)  # parallel-scan
+        yield hoist.0=%0, hoist.1=%7, h.final=%8, y=%7
+      }
+      scan forward {
+      }
+      results: y, h.final
     }
 """
 

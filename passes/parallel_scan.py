@@ -50,8 +50,9 @@ Before (after hoist-sequence): the loop carries ``h``; its update is ``A * h + B
       results: y, h.final
     }
 
-After: ``A`` and ``Bv`` over all steps, one ``linear_scan`` for ``h`` after every step (which
-is ``y``), its last step for ``h.final``; the loop is empty::
+After: ``A`` and ``Bv`` over all steps, one ``linear_scan`` for ``h`` after every step (the
+loop reads it as ``hoist.1`` and stacks it as ``y``), its last step for ``h.final``; no carry is
+left (drop-empty-loop then makes ``y`` the scan itself and drops the loop)::
 
     program mingru inference: after parallel-scan (f32) {
       inputs: x: f32[T,B,2]
@@ -67,9 +68,10 @@ is ``y``), its last step for ``h.final``; the loop is empty::
         %6: f32[T,B,2] = mul(%3, %5)  # parallel-scan
         %7: f32[T,B,2] = linear_scan[exclusive=False, reverse=False](%4, %6, h)  # parallel-scan
         %8: f32[B,2] = last_step[reverse=False](%7)  # parallel-scan
-        yield h.final=%8, y=%7
+        yield hoist.0=%0, hoist.1=%7, h.final=%8
       }
-      scan forward {
+      scan forward seqs(hoist.1) stacked(y) {
+        yield y=hoist.1
       }
       results: y, h.final
     }
