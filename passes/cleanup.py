@@ -98,26 +98,21 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from rnnc.ir import Graph, Program
+from rnnc.ir import Program
 from rnnc.passes import register
 from rnnc.passes._graphs import prune_outputs, remove_dead
-from rnnc.passes.rewrite import apply_rules
-
-
-def _cse_graph(g: Graph, keep: set[str]) -> Graph:
-    g = g.copy()
-    apply_rules(g, (), keep, what="cse")
-    return g
+from rnnc.passes.rewrite import cse_graph
 
 
 @register("cse")
 def cse(program: Program) -> Program:
     """Merge equal nodes and delete dead ones in every graph."""
     keep = set(program.args)
-    body = _cse_graph(program.scan.body, keep)
-    return replace(program, pre=_cse_graph(program.pre, keep),
-                   post=_cse_graph(program.post, keep),
-                   scan=replace(program.scan, body=body))
+    pre, body, post = (cse_graph(g, keep) for g in (program.pre, program.scan.body,
+                                                      program.post))
+    if pre is program.pre and body is program.scan.body and post is program.post:
+        return program
+    return replace(program, pre=pre, post=post, scan=replace(program.scan, body=body))
 
 
 @register("prune-outputs")
@@ -125,6 +120,8 @@ def prune_outputs_pass(program: Program) -> Program:
     """Drop the outputs no later stage reads and no result is, and what only they computed."""
     p = prune_outputs(program)
     keep = set(program.args)
-    for g in (p.pre, p.scan.body, p.post):  # prune_outputs made each a copy
-        remove_dead(g, keep)
+    for g, old in ((p.pre, program.pre), (p.scan.body, program.scan.body),
+                   (p.post, program.post)):
+        if g is not old:  # a copy prune_outputs made: its own to edit
+            remove_dead(g, keep)
     return p

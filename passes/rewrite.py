@@ -7,7 +7,7 @@ order, equal nodes merged (CSE: :func:`cse_key`), what a rewrite leaves unused d
 (so use counts stay true for rules that ask for them), the users and operands of each replaced
 node queued again, and a budget that turns a table that never settles into an error rather
 than a hang.
-``apply_rules(g, ())`` is CSE and dead-code removal alone (the ``cse`` pass).
+``cse_graph`` is CSE and dead-code removal alone (the ``cse`` pass).
 
 canonicalize's ``RULES`` is the main table; a new local rewrite is a new rule there or a new
 table in its own pass (docs/architecture.md, "How to add a pass").
@@ -60,6 +60,19 @@ def apply_rules(g: Graph, rules: Sequence[Rule], keep_args: Set[str] = frozenset
     errors. ``context`` is handed to the rules that take one; it must describe ``g``."""
     _Worklist(g, rules, keep_args, context, what).run()
     remove_dead(g, keep_args)
+
+
+def cse_graph(g: Graph, keep_args: Set[str] = frozenset()) -> Graph:
+    """``g`` with equal nodes merged and dead ones deleted (except the inputs named in
+    ``keep_args``): a rewritten copy, or ``g`` itself where there is nothing to do."""
+    keys = [key for node in g.nodes() if (key := cse_key(node)) is not None]
+    dead = [n for n in g.dead_code(keep_args=False)
+            if g.node(n).op is not ARG or g.node(n).attrs["name"] not in keep_args]
+    if len(set(keys)) == len(keys) and not dead:
+        return g
+    g = g.copy()
+    apply_rules(g, (), keep_args, what="cse")
+    return g
 
 
 class _Worklist:
