@@ -81,15 +81,16 @@ def _stacked_sequences(p: Program) -> Program:
     """A stacked output that copies a sequence the loop reads is that sequence, made before
     the loop (its pre node, or the program's input)."""
     s = p.scan
-    body = s.body.copy()
-    pre = p.pre.copy()
-    env = p.env_types("pre")
-    stacked = list(s.stacked)
+    copies = {}  # stacked output -> the sequence it copies
     for name in s.stacked:
-        node = body.node(body.outputs[name])
-        source = node.attrs["name"] if node.op is ARG else None
-        if source not in s.seqs:
-            continue
+        node = s.body.node(s.body.outputs[name])
+        if node.op is ARG and node.attrs["name"] in s.seqs:
+            copies[name] = node.attrs["name"]
+    if not copies:
+        return p
+    body, pre = s.body.copy(), p.pre.copy()
+    env = p.env_types("pre")
+    for name, source in copies.items():
         if source in pre.outputs:
             pre.outputs[name] = pre.outputs[source]
         else:
@@ -97,11 +98,9 @@ def _stacked_sequences(p: Program) -> Program:
             pre.outputs[name] = have if have is not None else pre.arg(
                 source, env[source].shape, p.args[source][0], ORIGIN)
         del body.outputs[name]
-        stacked.remove(name)
-    if stacked == list(s.stacked):
-        return p
     remove_dead(body)
-    return replace(p, pre=pre, scan=replace(s, body=body, stacked=tuple(stacked)))
+    stacked = tuple(n for n in s.stacked if n not in copies)
+    return replace(p, pre=pre, scan=replace(s, body=body, stacked=stacked))
 
 
 def _without_empty_loop(p: Program) -> Program:
