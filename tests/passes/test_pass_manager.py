@@ -207,3 +207,16 @@ def test_canonicalize_declares_its_rules_for_the_engine() -> None:
     assert canonicalize.Rule is Rule and canonicalize.RULES
     program = passes.run(rnnc.cells.gru(3, 4).program(), ["canonicalize"])
     assert format_program(passes.run(program, ["canonicalize"])) == format_program(program)
+
+
+def test_verify_names_a_cycle() -> None:
+    # verify finds cycles through the graph's topological order (no second walk).
+    from rnnc.ir import verify
+
+    program = passes.run(rnnc.cells.rnn(2, 3).program(), ["canonicalize"])
+    body = program.scan.body
+    first, last = body.topo()[0], body.outputs["h"]
+    body.nx.add_edge(last, first, 0)  # an edge back from the step's result to its first node
+    body._order = None
+    with pytest.raises(AssertionError, match="scan: cycle"):
+        verify(program)
