@@ -51,13 +51,15 @@ PREPARE: tuple[str, ...] = ("canonicalize", "fuse-gate-matmuls")
 FOLLOW_UPS: dict[str, tuple[str, ...]] = {
     "parallel-scan": ("hoist-sequence", "drop-empty-loop", "cse", "prune-outputs"),
 }
-SCAN: tuple[str, ...] = ("parallel-scan",) + FOLLOW_UPS["parallel-scan"]
+PARALLEL_SCAN: tuple[str, ...] = ("parallel-scan",) + FOLLOW_UPS["parallel-scan"]
+
+# The passes that shape the loop, after the program is prepared (and differentiated).
+LOOP: tuple[str, ...] = ("hoist-sequence",) + PARALLEL_SCAN + ("fuse-elementwise",)
 
 PIPELINES: dict[str, tuple[str, ...]] = {
-    "inference": PREPARE + ("hoist-sequence",) + SCAN + ("fuse-elementwise",),
-    "forward": PREPARE + ("autodiff-forward", "hoist-sequence") + SCAN + ("fuse-elementwise",),
-    "backward": PREPARE + ("autodiff-backward", "canonicalize", "hoist-sequence") + SCAN
-    + ("fuse-elementwise",),
+    "inference": PREPARE + LOOP,
+    "forward": PREPARE + ("autodiff-forward",) + LOOP,
+    "backward": PREPARE + ("autodiff-backward", "canonicalize") + LOOP,
 }
 
 MODES = tuple(PIPELINES)
@@ -76,8 +78,7 @@ ORACLE: dict[str, tuple[str, ...]] = {
 # "backward.forward" is the backward that also stacks what its own backward,
 # "backward.backward", reads; "forward.backward" is the forward's backward taking cotangents of
 # the saved values too (d.save.N), reading what "forward.forward" stacks.
-_AFTER_AUTODIFF = {"forward": ("hoist-sequence",) + SCAN + ("fuse-elementwise",),
-                   "backward": ("canonicalize", "hoist-sequence") + SCAN + ("fuse-elementwise",)}
+_AFTER_AUTODIFF = {"forward": LOOP, "backward": ("canonicalize",) + LOOP}
 SECOND_ORDER = ("forward.forward", "forward.backward", "backward.forward", "backward.backward")
 for _mode in SECOND_ORDER:
     _first, _second = _mode.split(".")
@@ -103,7 +104,7 @@ def pipeline(mode: str, masked: bool = False, optimize: bool = True,
     if mode not in PIPELINES:
         raise RnncValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     names = (("mask-lengths",) if masked else ()) + (PIPELINES if optimize else ORACLE)[mode]
-    return names if parallel_scan else _without(names, SCAN)
+    return names if parallel_scan else _without(names, PARALLEL_SCAN)
 
 
 def _without(names: tuple[str, ...], part: tuple[str, ...]) -> tuple[str, ...]:
@@ -120,7 +121,9 @@ def _without(names: tuple[str, ...], part: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def run(program: Program, names: Iterable[str], callback: Callback | None = None) -> Program:
-    """Run the named passes in order, verifying after each."""
+    """Run the named passes in order, verifying the program after each that changed it. The
+    follow-ups of a pass (``FOLLOW_UPS``), listed right after it, are skipped where it returned
+    its program unchanged."""
     _load()
     names = tuple(names)
     for name in names:
