@@ -6,8 +6,7 @@ and a graph to :func:`apply_rules`. The engine owns the walk: a worklist seeded 
 order, equal nodes merged (CSE: :func:`cse_key`), what a rewrite leaves unused deleted at once
 (so use counts stay true for rules that ask for them), the users and operands of each replaced
 node queued again, and a budget that turns a table that never settles into an error rather
-than a hang.
-``cse_graph`` is CSE and dead-code removal alone (the ``cse`` pass).
+than a hang. :func:`cse_graph` is CSE and dead-code removal alone (the ``cse`` pass).
 
 canonicalize's ``RULES`` is the main table; a new local rewrite is a new rule there or a new
 table in its own pass (docs/architecture.md, "How to add a pass").
@@ -84,16 +83,16 @@ class _Worklist:
         self.keep = keep_args
         self.context = context
         self.what = what
-        # Each op's rules in table order, the any-op rules in their places among them.
-        self.by_op: dict[Op, list[Rule]] = {}
-        self.any_op = [r for r in rules if r.op is None]
         self.rules = tuple(rules)
+        # Each op's rules in table order, the any-op rules in their places among them.
+        self.by_op: dict[Any, list[Rule]] = {}
         self.seen: dict[tuple, int] = {}
         self.work: list[int] = []
         self.queued: set[int] = set()
         self.top = max(g.nx.nodes, default=-1)  # the largest node id so far
 
     def rules_for(self, op: Any) -> list[Rule]:
+        """The rules that may match a node of ``op`` (``ARG`` and ``FUSED`` are not ``Op``s)."""
         if op not in self.by_op:
             self.by_op[op] = [r for r in self.rules if r.op is None or r.op is op]
         return self.by_op[op]
