@@ -33,8 +33,7 @@ from rnnc.names import Role
 
 
 def pipeline(mode: str, scan: bool) -> tuple[str, ...]:
-    names = passes.pipeline(mode)
-    return names if scan else tuple(n for n in names if n != "parallel-scan")
+    return passes.pipeline(mode, parallel_scan=scan)
 
 
 def parameters(program: Program, params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

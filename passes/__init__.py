@@ -1,7 +1,9 @@
 """Passes and pipelines. A pass is a pure function ``Program -> Program`` registered by name.
 
-The manager runs ``verify`` after every pass and calls a callback between passes; printing the
-IR after every pass and timing the passes are callbacks.
+The manager owns the order: a pipeline lists every pass it runs, and no pass runs another (a
+pass that needs cleaning up after it is followed in the pipeline by the passes that do it,
+its ``FOLLOW_UPS``). The manager runs ``verify`` after every pass and calls a callback between
+passes; printing the IR after every pass and timing the passes are callbacks.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ Callback = Callable[[str, Program, float], None]
 PASSES: dict[str, Pass] = {}
 
 _MODULES = ("canonicalize", "fuse_gate_matmuls", "hoist_sequence", "fuse_elementwise",
-            "mask_lengths", "autodiff", "parallel_scan")
+            "mask_lengths", "autodiff", "parallel_scan", "drop_empty_loop", "cleanup")
 
 
 def register(name: str) -> Callable[[Pass], Pass]:
@@ -43,12 +45,22 @@ def _load() -> None:
 # The passes every mode shares, run before autodiff so that backward sees fused gates.
 PREPARE: tuple[str, ...] = ("canonicalize", "fuse-gate-matmuls")
 
+# Passes that finish another one's rewrite, listed right after it in every pipeline. Where that
+# pass returned its program unchanged they have nothing to finish, and the manager skips them.
+# parallel-scan leaves the loop fewer carries: what no carry needs any longer leaves the loop, a
+# loop left empty goes, the copies made on the way merge and outputs nobody reads go.
+FOLLOW_UPS: dict[str, tuple[str, ...]] = {
+    "parallel-scan": ("hoist-sequence", "drop-empty-loop", "cse", "prune-outputs"),
+}
+PARALLEL_SCAN: tuple[str, ...] = ("parallel-scan",) + FOLLOW_UPS["parallel-scan"]
+
+# The passes that shape the loop, after the program is prepared (and differentiated).
+LOOP: tuple[str, ...] = ("hoist-sequence",) + PARALLEL_SCAN + ("fuse-elementwise",)
+
 PIPELINES: dict[str, tuple[str, ...]] = {
-    "inference": PREPARE + ("hoist-sequence", "parallel-scan", "fuse-elementwise"),
-    "forward": PREPARE + ("autodiff-forward", "hoist-sequence", "parallel-scan",
-                          "fuse-elementwise"),
-    "backward": PREPARE + ("autodiff-backward", "canonicalize", "hoist-sequence",
-                           "parallel-scan", "fuse-elementwise"),
+    "inference": PREPARE + LOOP,
+    "forward": PREPARE + ("autodiff-forward",) + LOOP,
+    "backward": PREPARE + ("autodiff-backward", "canonicalize") + LOOP,
 }
 
 MODES = tuple(PIPELINES)
@@ -67,9 +79,7 @@ ORACLE: dict[str, tuple[str, ...]] = {
 # "backward.forward" is the backward that also stacks what its own backward,
 # "backward.backward", reads; "forward.backward" is the forward's backward taking cotangents of
 # the saved values too (d.save.N), reading what "forward.forward" stacks.
-_AFTER_AUTODIFF = {"forward": ("hoist-sequence", "parallel-scan", "fuse-elementwise"),
-                   "backward": ("canonicalize", "hoist-sequence", "parallel-scan",
-                                "fuse-elementwise")}
+_AFTER_AUTODIFF = {"forward": LOOP, "backward": ("canonicalize",) + LOOP}
 SECOND_ORDER = ("forward.forward", "forward.backward", "backward.forward", "backward.backward")
 for _mode in SECOND_ORDER:
     _first, _second = _mode.split(".")
@@ -86,29 +96,55 @@ def save_writers(mode: str) -> list[tuple[str, int]]:
             for k, part in enumerate(parts) if part == "backward"]
 
 
-def pipeline(mode: str, masked: bool = False, optimize: bool = True) -> tuple[str, ...]:
+def pipeline(mode: str, masked: bool = False, optimize: bool = True,
+             parallel_scan: bool = True) -> tuple[str, ...]:
     """The pass names run for ``mode``; variable lengths put mask-lengths first.
 
-    ``optimize=False`` gives the oracle's pipeline: mask-lengths and autodiff only."""
+    ``optimize=False`` gives the oracle's pipeline: mask-lengths and autodiff only;
+    ``parallel_scan=False`` leaves out parallel-scan and its follow-ups."""
     if mode not in PIPELINES:
         raise RnncValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    table = PIPELINES if optimize else ORACLE
-    return (("mask-lengths",) if masked else ()) + table[mode]
+    names = (("mask-lengths",) if masked else ()) + (PIPELINES if optimize else ORACLE)[mode]
+    return names if parallel_scan else _without(names, PARALLEL_SCAN)
+
+
+def _without(names: tuple[str, ...], part: tuple[str, ...]) -> tuple[str, ...]:
+    """``names`` less every run of ``part`` in it."""
+    out: list[str] = []
+    k = 0
+    while k < len(names):
+        if names[k:k + len(part)] == part:
+            k += len(part)
+            continue
+        out.append(names[k])
+        k += 1
+    return tuple(out)
 
 
 def run(program: Program, names: Iterable[str], callback: Callback | None = None) -> Program:
-    """Run the named passes in order, verifying after each."""
+    """Run the named passes in order, verifying the program after each that changed it. The
+    follow-ups of a pass (``FOLLOW_UPS``), listed right after it, are skipped where it returned
+    its program unchanged."""
     _load()
-    verify(program)
+    names = tuple(names)
     for name in names:
         if name not in PASSES:
             raise RnncValueError(f"unknown pass {name!r}; passes are {sorted(PASSES)}")
+    verify(program)
+    k = 0
+    while k < len(names):
+        name, before = names[k], program
         start = time.perf_counter()
         program = PASSES[name](program)
         seconds = time.perf_counter() - start
-        verify(program)
+        if program is not before:  # a pass that changed nothing returns what was verified
+            verify(program)
         if callback is not None:
             callback(name, program, seconds)
+        k += 1
+        follow = FOLLOW_UPS.get(name, ())
+        if program is before and follow and names[k:k + len(follow)] == follow:
+            k += len(follow)  # nothing changed: nothing to finish
     return program
 
 

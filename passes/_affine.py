@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from rnnc import ops
 from rnnc.ir import ARG, FUSED, GET, Graph
-from rnnc.passes._rewrite import constant_value
+from rnnc.passes._graphs import constant_value
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from collections.abc import Set
 
 from rnnc import ops
 from rnnc.ir import Graph, Scan
-from rnnc.passes._rewrite import per_step
+from rnnc.passes._graphs import per_step
 
 FEATURE_REDUCTIONS = (ops.sum_, ops.mean, ops.amax, ops.amin)
 

@@ -67,33 +67,20 @@ hoisted), then to the matmul, before ``h`` is::
 from __future__ import annotations
 
 from collections.abc import Callable, Set
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
 from rnnc import ops
 from rnnc.ir import ARG, FUSED, GET, Graph, Node, Program
-from rnnc.ops import Op
 from rnnc.passes import register
-from rnnc.passes._rewrite import constant_value, remove_dead
+from rnnc.passes._graphs import constant_value, prune_outputs, remove_dead
 from rnnc.passes._sums import Invariance, absorbed, build, grouped, is_bias, leaves, tree
+from rnnc.passes.rewrite import Rule, apply_rules
 
 _is_bias = is_bias  # tests/rnnc/test_check.py builds a faulty rule from it
 
 ORIGIN = "canonicalize"
-
-
-@dataclass(frozen=True)
-class Rule:
-    """``op(...)`` matching ``rewrite``: ``rewrite(g, node)`` returns the node that replaces it
-    (made from its operands, possibly new), or None where the pattern does not match."""
-
-    name: str
-    op: Op | None  # None: any op
-    rewrite: Callable[..., int | None]
-    # True: ``rewrite(g, node, invariant)`` also gets the graph's ``Invariance``: which nodes
-    # are the same on every step (they read only parameters, loop constants, constants).
-    takes_invariant: bool = False
 
 
 def _same_type(g: Graph, node: Node, other: int) -> int | None:
@@ -181,121 +168,8 @@ RULES: tuple[Rule, ...] = (
     Rule("--a", ops.neg, _double_negation),
     Rule("cheap-power", ops.power, _cheap_power),
     Rule("1-(1-a)", ops.sub, _one_minus_one_minus),
-    Rule("group-invariant-terms", ops.add, _reassociate, takes_invariant=True),
+    Rule("group-invariant-terms", ops.add, _reassociate, takes_context=True),
 )
-
-
-def cse_key(node: Node) -> tuple | None:
-    """Equal keys compute equal values (attributes compared exactly: repr of a float
-    round-trips)."""
-    if node.op in (ARG, FUSED):
-        return None
-    if node.op is ops.matmul and node.attrs.get("precision") == "bf16":
-        # Two equal bfloat16 products have equal values but not equal gradients: each rounds
-        # its own cotangent to bfloat16 (round(g1) + round(g2) is not round(g1 + g2)).
-        return None
-    return (node.op.name, node.inputs, tuple(sorted((k, repr(v)) for k, v in
-                                                    node.attrs.items())), node.type)
-
-
-class _Rewriter:
-    """The worklist driver: rewrite until no rule applies and no two nodes are equal."""
-
-    def __init__(self, g: Graph, keep_args: set[str], invariant: Set[str]) -> None:
-        self.g = g
-        self.keep = keep_args
-        self.invariant = Invariance(g, invariant)
-        self.seen: dict[tuple, int] = {}
-        self.work: list[int] = []
-        self.queued: set[int] = set()
-        self.top = max(g.nx.nodes, default=-1)  # the largest node id so far
-
-    def push(self, nid: int) -> None:
-        if nid not in self.queued:
-            self.queued.add(nid)
-            self.work.append(nid)
-
-    def run(self) -> None:
-        g = self.g
-        for nid in reversed(g.topo()):  # the stack pops in topological order
-            self.push(nid)
-        budget = 64 * (len(g) + 16)
-        while self.work:
-            nid = self.work.pop()
-            self.queued.discard(nid)
-            if nid not in g.nx:
-                continue
-            new = self.rewrite(g.node(nid))
-            if new is None:
-                continue
-            budget -= 1
-            if budget < 0:  # every rule shrinks or canonicalizes: this is a bug, say so
-                raise RuntimeError("canonicalize did not reach a fixed point")
-            self.replace(nid, new)
-
-    def rewrite(self, node: Node) -> int | None:
-        g = self.g
-        key = cse_key(node)
-        if key is not None:
-            other = self.seen.get(key)
-            if other is not None and other != node.id and other in g.nx \
-                    and cse_key(g.node(other)) == key:
-                return other
-            self.seen[key] = node.id
-        for rule in RULES:
-            if rule.op is None or rule.op is node.op:
-                size, top = len(g), self.top
-                new = rule.rewrite(g, node, self.invariant) if rule.takes_invariant \
-                    else rule.rewrite(g, node)
-                made = self._made(size, top)
-                if new is not None and new != node.id:
-                    for nid in made:
-                        self.push(nid)
-                    return new
-                self._drop_dead(made)
-        return None
-
-    def _made(self, size: int, top: int) -> list[int]:
-        """The nodes a rule added: node ids only grow, so those above the old largest."""
-        g = self.g
-        if len(g) == size:  # nothing added (rules never delete)
-            return []
-        made = sorted(n for n in g.nx.nodes if n > top)
-        self.top = max(self.top, made[-1]) if made else self.top
-        return made
-
-    def replace(self, old: int, new: int) -> None:
-        g = self.g
-        users = g.users(old)
-        operands = g.node(old).inputs
-        self.invariant.replaced(old, new)
-        g.replace_all_uses(old, new)
-        for u in users:
-            self.push(u)
-        self.push(new)
-        for i in g.node(new).inputs:  # an operand's use count changed: absorbed or not
-            self.push(i)
-        self._drop_dead([old])
-        for i in operands:
-            if i in g.nx:
-                self.push(i)
-
-    def _drop_dead(self, candidates: list[int]) -> None:
-        """Delete nodes nothing uses (and what only they used), so use counts stay true."""
-        g = self.g
-        outputs = set(g.outputs.values())
-        stack = list(candidates)
-        while stack:
-            nid = stack.pop()
-            if nid not in g.nx or nid in outputs or g.users(nid):
-                continue
-            node = g.node(nid)
-            if node.op is ARG and node.attrs["name"] in self.keep:
-                continue
-            g.remove(nid)
-            stack.extend(node.inputs)
-            for i in node.inputs:
-                self.push(i)
 
 
 def canonicalize_graph(g: Graph, keep_args: set[str], invariant: Set[str] = frozenset()
@@ -303,8 +177,7 @@ def canonicalize_graph(g: Graph, keep_args: set[str], invariant: Set[str] = froz
     """Apply the rules of ``RULES`` and CSE to a copy of ``g`` until none applies; ``invariant``
     names the inputs that are the same on every step (their sums are grouped)."""
     g = g.copy()
-    _Rewriter(g, keep_args, invariant).run()
-    remove_dead(g, keep_args)
+    apply_rules(g, RULES, keep_args, Invariance(g, invariant), ORIGIN)
     return g
 
 
@@ -315,40 +188,16 @@ def _fixed_shape_args(g: Graph) -> frozenset[str]:
                      if not any(isinstance(d, str) for d in g.node(nid).shape))
 
 
-def _prune_outputs(p: Program) -> Program:
-    """Drop outputs nobody reads: post outputs not in results, unused stacked/summed/pre."""
-    post = p.post.copy()
-    post.outputs = {n: o for n, o in post.outputs.items() if n in p.results}
-    post_reads = set(post.args())
-    s = p.scan
-    body = s.body.copy()
-    needed = set(p.results) | post_reads
-    stacked = tuple(n for n in s.stacked if n in needed)
-    summed = tuple(n for n in s.summed if n in needed)
-    carries = {c.name for c in s.carries}
-    body.outputs = {n: o for n, o in body.outputs.items()
-                    if n in carries or n in stacked or n in summed}
-    reads = set(body.args())
-    seqs = tuple(n for n in s.seqs if n in reads or n in p.args)
-    consts = tuple(n for n in s.consts if n in reads or n in p.args)
-    pre = p.pre.copy()
-    pre_needed = set(seqs) | set(consts) | {c.init for c in s.carries} | post_reads
-    pre_needed |= set(p.results)
-    pre.outputs = {n: o for n, o in pre.outputs.items() if n in pre_needed}
-    scan = replace(s, body=body, seqs=seqs, consts=consts, stacked=stacked, summed=summed)
-    return replace(p, pre=pre, scan=scan, post=post)
-
-
 @register("canonicalize")
 def canonicalize(program: Program) -> Program:
     """CSE, DCE, constant folding, identities and bias reassociation in every graph."""
     keep = set(program.args)
-    p = _prune_outputs(program)
+    p = prune_outputs(program)
     body = canonicalize_graph(p.scan.body, keep, frozenset(p.scan.consts))
     p = replace(p, pre=canonicalize_graph(p.pre, keep, _fixed_shape_args(p.pre)),
                 post=canonicalize_graph(p.post, keep, _fixed_shape_args(p.post)),
                 scan=replace(p.scan, body=body))
-    p = _prune_outputs(p)
+    p = prune_outputs(p)
     # Pruning the scan may leave pre-loop values nobody reads.
     remove_dead(p.pre, keep)
     return p

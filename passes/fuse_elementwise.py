@@ -94,7 +94,7 @@ from rnnc import ops
 from rnnc.ir import ARG, Graph, Program
 from rnnc.names import region_input, region_output
 from rnnc.passes import register
-from rnnc.passes._rewrite import copy_node
+from rnnc.passes._graphs import copy_node
 
 ORIGIN = "fuse-elementwise"
 # Reductions over the feature axis, (..., n) -> (..., 1): they join regions. ``sum_rows``, a

@@ -90,8 +90,8 @@ from rnnc import ops
 from rnnc.ir import ARG, FUSED, GET, Graph, Program, Scan
 from rnnc.names import fresh, hoisted, sunk
 from rnnc.passes import register
+from rnnc.passes._graphs import copy_node, downstream, env_names, is_row_contraction, per_step
 from rnnc.passes._hoist_reductions import reduction_groups
-from rnnc.passes._rewrite import copy_node, downstream, env_names, is_row_contraction, per_step
 
 ORIGIN = "hoist-sequence"
 

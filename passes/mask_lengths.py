@@ -60,7 +60,7 @@ from rnnc import ops
 from rnnc.ir import Graph, Program, Type
 from rnnc.names import MASK, Role
 from rnnc.passes import register
-from rnnc.passes._rewrite import arg_of
+from rnnc.passes._graphs import arg_of
 
 ORIGIN = "mask-lengths"
 

@@ -6,13 +6,14 @@ mask-lengths' ``where(len.mask, new, c)``, backward's carried cotangents), needs
 computes ``A`` and ``Bv`` for every step (they are carry-free, so they lift to ``[T,B,n]``) and
 one ``linear_scan`` gives the carry's value at every step. The loop body then reads that value
 as a sequence, ``c_{t-1}`` from an exclusive scan and ``c_t`` from an inclusive one (only the
-ones it reads; with ``c_{t-1}``, ``c_t`` is ``A * c_{t-1} + Bv`` elementwise), the final value
-is the scan's last step, and hoist-sequence moves what no carry needs any longer out of the
-loop. A carry whose coefficients read another carry that became a scan is found in the next
-round. Once every carry is linear no loop work is left: the scan is empty, a stacked output
-that only copies a sequence is that sequence itself, and ``post``'s nodes join ``pre`` (a node
-``pre`` already has is not made twice), so that fuse-elementwise puts a training forward's saved
-values in the same pass over the hoisted products as the scan's coefficients.
+ones it reads; with ``c_{t-1}``, ``c_t`` is ``A * c_{t-1} + Bv`` elementwise), and the final
+value is the scan's last step. A carry whose coefficients read another carry that became a scan
+is found in the next round.
+
+Where the pass changed the program, the pipeline runs its follow-ups after it
+(``FOLLOW_UPS`` in ``passes/__init__.py``): hoist-sequence moves what no carry needs any longer
+out of the loop, drop-empty-loop removes a loop left with nothing to do (and merges ``post``
+into ``pre``), cse merges the copies made on the way, and prune-outputs drops what nobody reads.
 
 Example (``tests/passes/test_pass_examples.py`` checks the listings)::
 
@@ -49,8 +50,9 @@ Before (after hoist-sequence): the loop carries ``h``; its update is ``A * h + B
       results: y, h.final
     }
 
-After: ``A`` and ``Bv`` over all steps, one ``linear_scan`` for ``h`` after every step (which
-is ``y``), its last step for ``h.final``; the loop is empty::
+After: ``A`` and ``Bv`` over all steps, one ``linear_scan`` for ``h`` after every step (the
+loop reads it as ``hoist.1`` and stacks it as ``y``), its last step for ``h.final``; no carry is
+left (drop-empty-loop then makes ``y`` the scan itself and drops the loop)::
 
     program mingru inference: after parallel-scan (f32) {
       inputs: x: f32[T,B,2]
@@ -66,9 +68,10 @@ is ``y``), its last step for ``h.final``; the loop is empty::
         %6: f32[T,B,2] = mul(%3, %5)  # parallel-scan
         %7: f32[T,B,2] = linear_scan[exclusive=False, reverse=False](%4, %6, h)  # parallel-scan
         %8: f32[B,2] = last_step[reverse=False](%7)  # parallel-scan
-        yield h.final=%8, y=%7
+        yield hoist.0=%0, hoist.1=%7, h.final=%8
       }
-      scan forward {
+      scan forward seqs(hoist.1) stacked(y) {
+        yield y=hoist.1
       }
       results: y, h.final
     }
@@ -80,20 +83,17 @@ from dataclasses import dataclass, replace
 
 from rnnc import ops
 from rnnc.errors import ShapeError
-from rnnc.ir import ARG, FUSED, GET, Carry, Graph, Program, Scan
+from rnnc.ir import ARG, FUSED, GET, Carry, Graph, Program
 from rnnc.names import fresh, hoisted
 from rnnc.passes import register
 from rnnc.passes._affine import Apply, Const, Expr, Leaf, leaves, linear_coefficients
-from rnnc.passes._rewrite import (
-    arg_of,
+from rnnc.passes._graphs import (
     copy_node,
     env_names,
     is_row_contraction,
     per_step,
     remove_dead,
 )
-from rnnc.passes.canonicalize import cse_key
-from rnnc.passes.hoist_sequence import hoist_sequence
 
 ORIGIN = "parallel-scan"
 
@@ -270,100 +270,10 @@ def _round(p: Program) -> Program | None:
     return replace(p, pre=pre, scan=scan)
 
 
-def _stacked_sequences(p: Program) -> Program:
-    """A stacked output that copies a sequence the loop reads is that sequence, made before
-    the loop (its pre node, or the program's input)."""
-    s = p.scan
-    body = s.body.copy()
-    pre = p.pre.copy()
-    env = p.env_types("pre")
-    stacked = list(s.stacked)
-    for name in s.stacked:
-        node = body.node(body.outputs[name])
-        source = node.attrs["name"] if node.op is ARG else None
-        if source not in s.seqs:
-            continue
-        if source in pre.outputs:
-            pre.outputs[name] = pre.outputs[source]
-        else:
-            have = pre.input_node(source)
-            pre.outputs[name] = have if have is not None else pre.arg(
-                source, env[source].shape, ORIGIN)
-        del body.outputs[name]
-        stacked.remove(name)
-    if stacked == list(s.stacked):
-        return p
-    remove_dead(body)
-    return replace(p, pre=pre, scan=replace(s, body=body, stacked=tuple(stacked)))
-
-
-def _without_empty_loop(p: Program) -> Program:
-    """A loop left with no carries and no outputs reads and computes nothing."""
-    s = p.scan
-    if s.carries or s.stacked or s.summed:
-        return p
-    if not s.seqs and not s.consts and not len(s.body):
-        return p
-    return replace(p, scan=Scan(Graph(p.dtype), (), (), (), (), (), s.reverse))
-
-
-def _post_into_pre(p: Program) -> Program:
-    """With no loop left, ``post`` runs right after ``pre``: its nodes join ``pre``, where
-    fuse-elementwise can put them in the same regions as the nodes that read the same
-    sequences (a training forward's saved values are computed from the hoisted products in
-    ``post``: one pass over them instead of two)."""
-    s = p.scan
-    if s.carries or s.stacked or s.summed or s.seqs or s.consts or len(s.body) \
-            or not len(p.post):
-        return p
-    if any(node.op in (FUSED, GET) for node in p.post.nodes()):
-        return p
-    pre, env = p.pre.copy(), p.env_types("pre")
-    # A node pre already has (the same op of the same operands) is not made twice.
-    known = {key: nid for nid in pre.topo() if (key := cse_key(pre.node(nid))) is not None}
-    moved: dict[int, int] = {}
-    for nid in p.post.topo():
-        node = p.post.node(nid)
-        if node.op is ARG:
-            name = node.attrs["name"]
-            moved[nid] = pre.outputs[name] if name in pre.outputs else \
-                arg_of(pre, name, env[name].shape, ORIGIN)
-            continue
-        new = copy_node(pre, p.post, nid, [moved[i] for i in node.inputs], node.origin)
-        key = cse_key(pre.node(new))  # None: never shared (a bfloat16 product)
-        if key is not None and key in known:
-            pre.remove(new)
-            new = known[key]
-        moved[nid] = new if key is None else known.setdefault(key, new)
-    for name, nid in p.post.outputs.items():
-        pre.outputs[name] = moved[nid]
-    return replace(p, pre=pre, post=Graph(p.dtype))
-
-
-def _unread_outputs(p: Program) -> Program:
-    """Drop what ``pre`` and ``post`` yield that no later stage reads and is no result."""
-    s = p.scan
-    read = set(s.seqs) | set(s.consts) | {c.init for c in s.carries} | set(p.post.args()) \
-        | set(p.results)
-    graphs = []
-    for g, names in ((p.pre, read), (p.post, set(p.results))):
-        if all(n in names for n in g.outputs):
-            graphs.append(g)
-            continue
-        g = g.copy()
-        g.outputs = {n: o for n, o in g.outputs.items() if n in names}
-        remove_dead(g)
-        graphs.append(g)
-    return replace(p, pre=graphs[0], post=graphs[1])
-
-
 @register("parallel-scan")
 def parallel_scan(program: Program) -> Program:
     """Replace every carry that is linear in itself by a ``linear_scan`` before the loop."""
     p = program
     while (after := _round(p)) is not None:
         p = after
-    if p is program:
-        return program
-    p = _stacked_sequences(hoist_sequence(p))
-    return _unread_outputs(_post_into_pre(_without_empty_loop(p)))
+    return p

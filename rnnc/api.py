@@ -95,8 +95,7 @@ class Function:
 
     def pipeline(self, mode: str, lengths: bool) -> tuple[str, ...]:
         """The names of the passes that make ``mode``'s program, in order."""
-        names = passes.pipeline(mode, lengths, self.optimize)
-        return names if self.parallel_scan else tuple(n for n in names if n != "parallel-scan")
+        return passes.pipeline(mode, lengths, self.optimize, parallel_scan=self.parallel_scan)
 
     # -- programs
     def program(self, mode: str = "inference", dtype: str = "f32", lengths: bool = False,
@@ -368,12 +367,10 @@ def compile(cell: Cell, backend: str | None = None, *, optimize: bool = True,  #
 
 def backend_pipeline(mode: str, backend: str | None = None) -> tuple[str, ...]:
     """The passes ``rnnc.compile(cell, backend)`` runs for ``mode`` (without lengths) unless
-    told otherwise: the mode's pipeline, less parallel-scan where the backend leaves it off."""
+    told otherwise: the mode's pipeline, less parallel-scan (and its follow-ups) where the
+    backend leaves it off."""
     name = fastest_backend() if backend is None else backend
-    names = passes.pipeline(mode)
-    if backends.runs_parallel_scan(name):
-        return names
-    return tuple(n for n in names if n != "parallel-scan")
+    return passes.pipeline(mode, parallel_scan=backends.runs_parallel_scan(name))
 
 
 def dump(cell: Cell, after: str = "all", mode: str = "inference", dtype: str = "f32",

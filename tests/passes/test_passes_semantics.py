@@ -8,14 +8,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from rnnc.names import MASK, Role, is_saved
-from rnnc.passes import pipeline
+from rnnc.passes import FOLLOW_UPS, pipeline
 from rnnc.passes import run as run_passes
 from tests.passes.common import check_pass, environment, execute, standard_cells
 from tests.strategies import random_cells
 
 T, B = 3, 2
 OURS = ("canonicalize", "fuse-gate-matmuls", "hoist-sequence", "fuse-elementwise",
-        "mask-lengths", "parallel-scan")
+        "mask-lengths", "parallel-scan", "drop-empty-loop", "cse", "prune-outputs")
 
 
 def _walk(cell, mode: str, masked: bool) -> None:
@@ -28,7 +28,13 @@ def _walk(cell, mode: str, masked: bool) -> None:
     # With every sequence at full length the mask changes nothing.
     env[MASK] = np.ones((T, B, 1))
     program = cell.program()
+    skip: tuple[str, ...] = ()  # follow-ups of a pass that changed nothing: the manager skips them
     for name in pipeline(mode, masked):
+        if skip:
+            assert name == skip[0], (name, skip)
+            skip = skip[1:]
+            continue
+        before = program
         if name == "mask-lengths":
             program = check_pass(program, name, env, T, B)
             env[MASK] = np.ones((T, B, 1))
@@ -40,6 +46,8 @@ def _walk(cell, mode: str, masked: bool) -> None:
             if name == "autodiff-backward":
                 env = _backward_environment(program, env)
             program = run_passes(program, [name])
+        if program is before:
+            skip = FOLLOW_UPS.get(name, ())
 
 
 def _backward_environment(program, env: dict) -> dict:

@@ -1,8 +1,9 @@
-"""Graph-rewriting helpers shared by the passes: node copies, fresh names, dead-code removal."""
+"""Graph-editing helpers shared by the passes: node copies, fresh names, dead-code removal."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from rnnc import ops
 from rnnc.ir import ARG, FUSED, GET, Graph, Program
@@ -67,3 +68,35 @@ def per_step(shape: tuple) -> bool:
 def constant_value(g: Graph, nid: int) -> float | None:
     node = g.node(nid)
     return float(node.attrs["value"]) if node.op is ops.constant else None
+
+
+def prune_outputs(p: Program) -> Program:
+    """Drop outputs nobody reads: post outputs not in results, unused stacked/summed/pre (the
+    one output pruning of the passes: canonicalize and prune-outputs run it). A graph whose
+    outputs all stay is kept as it is, and ``p`` itself where nothing goes."""
+    post = _keep_outputs(p.post, set(p.results))
+    post_reads = set(post.args())
+    s = p.scan
+    needed = set(p.results) | post_reads
+    stacked = tuple(n for n in s.stacked if n in needed)
+    summed = tuple(n for n in s.summed if n in needed)
+    body = _keep_outputs(s.body, {c.name for c in s.carries} | set(stacked) | set(summed))
+    reads = set(body.args())
+    seqs = tuple(n for n in s.seqs if n in reads or n in p.args)
+    consts = tuple(n for n in s.consts if n in reads or n in p.args)
+    pre_needed = set(seqs) | set(consts) | {c.init for c in s.carries} | post_reads
+    pre = _keep_outputs(p.pre, pre_needed | set(p.results))
+    if pre is p.pre and body is s.body and post is p.post \
+            and (seqs, consts, stacked, summed) == (s.seqs, s.consts, s.stacked, s.summed):
+        return p
+    scan = replace(s, body=body, seqs=seqs, consts=consts, stacked=stacked, summed=summed)
+    return replace(p, pre=pre, scan=scan, post=post)
+
+
+def _keep_outputs(g: Graph, names: set[str]) -> Graph:
+    """``g`` with only the outputs in ``names``: a copy, or ``g`` itself if all stay."""
+    if all(n in names for n in g.outputs):
+        return g
+    g = g.copy()
+    g.outputs = {n: o for n, o in g.outputs.items() if n in names}
+    return g
