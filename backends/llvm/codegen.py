@@ -20,7 +20,7 @@ from typing import Any
 from llvmlite import ir
 
 from rnnc import ops
-from rnnc.backends.llvm import gemm
+from rnnc.backends.llvm import bf16, gemm
 from rnnc.backends.llvm.blas import Convention
 from rnnc.backends.llvm.context import I64, Buffer, Context, Plan
 from rnnc.backends.llvm.fused import emit_fused, fusible
@@ -287,8 +287,9 @@ class Lowering:
                 if fn is not ctx.function and not fn.is_declaration:
                     fn.attributes.add("noinline")
         text = str(ctx.module)
-        return "\n".join(line + " " + _FUNCTION_ATTRIBUTES if line.startswith("define ") else line
-                         for line in text.splitlines())
+        text = "\n".join(line + " " + _FUNCTION_ATTRIBUTES if line.startswith("define ") else line
+                          for line in text.splitlines())
+        return bf16.with_target_features(text)
 
     def lower_scan(self) -> None:
         """The time loop: one step of the body per iteration, over double-buffered carries."""

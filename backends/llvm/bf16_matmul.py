@@ -1,0 +1,79 @@
+"""Lowering of a matmul node with ``precision="bf16"``: operands rounded to bfloat16 (nearest
+even), products accumulated in float32, a float32 result.
+
+``out = a @ w`` with ``w`` a fixed K x N matrix (a weight, or anything without the call's
+``T`` and ``B``) in a float32 program runs on the kernels of :mod:`rnnc.backends.llvm.bf16`,
+the best tier of the host (AMX, then AVX512-BF16, then the emulation): ``a`` is converted
+into a workspace of bf16 rows at each call, ``w`` packed into the VNNI pair layout once per
+run (the marker rule of :mod:`rnnc.backends.llvm.bf16`). The hoisted sequence projection
+(``T * B`` rows) and the per-step recurrent product (``B`` rows) both take this path.
+
+Every other bf16 product (a transposed operand: the gradient GEMMs; both operands per call;
+a float64 program) rounds its operands to bf16 in workspaces and runs the float32 lowering
+on the rounded values: the same rounding model, through the BLAS or the panel kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from llvmlite import ir
+
+from rnnc.backends.llvm import bf16
+from rnnc.backends.llvm.context import I64, Buffer, Context
+from rnnc.backends.llvm.kernels import emit_loop
+from rnnc.ir import Node
+
+Lowering = Callable[[Context, Node, Buffer, Buffer, Buffer], None]
+
+
+def is_bf16(node: Node) -> bool:
+    """Whether a matmul node multiplies in bfloat16."""
+    return node.attrs.get("precision") == "bf16"
+
+
+def packs(ctx_dtype: str, node: Node, a: tuple, w: tuple) -> bool:
+    """Whether the node runs on the packed bf16 kernels (else on rounded float32 copies)."""
+    fixed = len(w) == 2 and all(isinstance(d, int) for d in w) and isinstance(a[-1], int)
+    return (ctx_dtype == "f32" and fixed and not node.attrs.get("transpose_a")
+            and not node.attrs.get("transpose_b"))
+
+
+def emit_matmul(ctx: Context, node: Node, out: Buffer, a: Buffer, w: Buffer,
+                float32: Lowering, tier: bf16.Tier | None = None) -> None:
+    """``out = node(a, w)`` in bfloat16; ``float32`` lowers a matmul without rounding (the
+    fallback's second half); ``tier`` forces a kernel tier (default: the host's)."""
+    if not packs(ctx.dtype, node, a.shape, w.shape):
+        float32(ctx, node, out, _rounded(ctx, a), _rounded(ctx, w))
+        return
+    tier = tier or bf16.host_tier()
+    k, n = w.shape
+    b = ctx.builder
+    rows = ctx.numel(a.shape[:-1])
+    abuf = ctx.slot(tuple(a.shape[:-1]) + (bf16.padded_k(k) // 2,))
+    packed = ctx.slot((bf16.packed_words(k, n),))
+    # Null at the start of every run: the weights are packed at the run's first call.
+    fptr = ctx.scalar.as_pointer()
+    marker = ctx.entry.alloca(fptr)
+    ctx.entry.store(ir.Constant(fptr, None), marker)
+    panels = ir.Constant(I64, bf16.panel_count(n))
+    zero = ir.Constant(I64, 0)
+    as_bf16 = [b.bitcast(buf.ptr, bf16.BF16P) for buf in (abuf, packed)]
+    b.call(bf16.convert_function(ctx.module, k), [rows, a.ptr, as_bf16[0]])
+    b.call(bf16.pack_function(ctx.module, k, n), [w.ptr, as_bf16[1], marker, zero, panels])
+    b.call(bf16.gemm_function(ctx.module, tier, k, n),
+           [rows, as_bf16[0], as_bf16[1], out.ptr, zero, panels])
+
+
+def _rounded(ctx: Context, src: Buffer) -> Buffer:
+    """A new workspace holding ``src`` rounded to bfloat16 (nearest even), in the program's
+    dtype."""
+    dst = ctx.slot(src.shape)
+    b = ctx.builder
+
+    def element(i: ir.Value) -> None:
+        value = b.fptrunc(b.load(b.gep(src.ptr, [i])), bf16.BF16)
+        b.store(b.fpext(value, ctx.scalar), b.gep(dst.ptr, [i]))
+
+    emit_loop(b, ir.Constant(I64, 0), ctx.numel(src.shape), 1, element)
+    return dst
