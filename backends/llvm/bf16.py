@@ -146,6 +146,59 @@ def _function(module: ir.Module, name: str, args: list[ir.Type]) -> tuple[ir.Fun
     return fn, True
 
 
+def to_bf16(b: ir.IRBuilder, value: ir.Value) -> ir.Value:
+    """``value`` (float, double or a vector of float) rounded to bfloat16, to nearest even,
+    as its bits (``i16`` or a vector of them); NaN stays a quiet NaN.
+
+    Integer arithmetic on the float32 bits, so that no host needs a conversion instruction
+    or a runtime library (LLVM lowers ``fptrunc`` to ``bfloat`` to a call of
+    ``__truncsfbf2`` on a core without AVX512-BF16). A double is first narrowed to float32
+    rounding to odd, which makes the second rounding exact.
+    """
+    if isinstance(value.type, ir.DoubleType):
+        value = _float_round_to_odd(b, value)
+    count = value.type.count if isinstance(value.type, ir.VectorType) else None
+    i32 = ir.VectorType(I32, count) if count else I32
+    i16 = ir.VectorType(I16, count) if count else I16
+
+    def const(v: int) -> ir.Constant:
+        return ir.Constant(i32, [v] * count) if count else ir.Constant(I32, v)
+
+    bits = b.bitcast(value, i32)
+    odd = b.and_(b.lshr(bits, const(16)), const(1))
+    rounded = b.lshr(b.add(b.add(bits, const(0x7FFF)), odd), const(16))
+    quiet = b.or_(b.lshr(bits, const(16)), const(0x40))
+    return b.trunc(b.select(b.fcmp_unordered("uno", value, value), quiet, rounded), i16)
+
+
+def _float_round_to_odd(b: ir.IRBuilder, value: ir.Value) -> ir.Value:
+    """A double narrowed to float32 rounding to odd: toward zero, the last bit set when
+    inexact (NaN and infinities as they are)."""
+    nearest = b.fptrunc(value, F32)
+    bits = b.bitcast(nearest, I32)
+    back = b.fpext(nearest, ir.DoubleType())
+    # Rounded away from zero: one step back toward zero (a magnitude's bits are monotonic).
+    away = b.fcmp_ordered(">", b.call(_fabs(b.module), [back]),
+                          b.call(_fabs(b.module), [value]))
+    bits = b.select(away, b.sub(bits, ir.Constant(I32, 1)), bits)
+    inexact = b.fcmp_ordered("!=", back, value)
+    return b.bitcast(b.select(inexact, b.or_(bits, ir.Constant(I32, 1)), bits), F32)
+
+
+def _fabs(module: ir.Module) -> ir.Function:
+    double = ir.DoubleType()
+    return module.globals.get("llvm.fabs.f64") or ir.Function(
+        module, ir.FunctionType(double, [double]), "llvm.fabs.f64")
+
+
+def from_bf16(b: ir.IRBuilder, bits: ir.Value) -> ir.Value:
+    """bfloat16 bits (``i16`` or a vector of them) widened to float32 (exact)."""
+    count = bits.type.count if isinstance(bits.type, ir.VectorType) else None
+    i32 = ir.VectorType(I32, count) if count else I32
+    shift = ir.Constant(i32, [16] * count) if count else ir.Constant(I32, 16)
+    return b.bitcast(b.shl(b.zext(bits, i32), shift), ir.VectorType(F32, count) if count else F32)
+
+
 def convert_function(module: ir.Module, k: int) -> ir.Function:
     """``rnnc.bf16.convert.K(i64 rows, float* a, i16* abuf)``: ``abuf[r, :Kp] = bf16(a[r, :K])``
     rounded to nearest even, zero from ``K`` to ``Kp``."""
@@ -155,20 +208,20 @@ def convert_function(module: ir.Module, k: int) -> ir.Function:
     rows, a, abuf = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     kp, lanes = padded_k(k), 16
-    vec_f, vec_b = ir.VectorType(F32, lanes), ir.VectorType(BF16, lanes)
+    vec_f, vec_b = ir.VectorType(F32, lanes), ir.VectorType(I16, lanes)
 
     def row(r: ir.Value) -> None:
         src, dst = b.gep(a, [b.mul(r, _c(k))]), b.gep(abuf, [b.mul(r, _c(kp))])
 
         def vector(j: ir.Value) -> None:
             v = b.load(b.bitcast(b.gep(src, [j]), vec_f.as_pointer()), align=4)
-            b.store(b.fptrunc(v, vec_b), b.bitcast(b.gep(dst, [j]), vec_b.as_pointer()), align=2)
+            b.store(to_bf16(b, v), b.bitcast(b.gep(dst, [j]), vec_b.as_pointer()), align=2)
 
         whole = emit_loop(b, _c(0), _c(k), lanes, vector)
 
         def scalar(j: ir.Value) -> None:
             v = b.load(b.gep(src, [j]))
-            b.store(b.fptrunc(v, BF16), b.bitcast(b.gep(dst, [j]), BF16.as_pointer()))
+            b.store(to_bf16(b, v), b.gep(dst, [j]))
 
         emit_loop(b, whole, _c(k), 1, scalar)
         emit_loop(b, _c(k), _c(kp), 1, lambda j: b.store(ir.Constant(I16, 0), b.gep(dst, [j])))
@@ -219,13 +272,12 @@ def _pack_pair(b: ir.IRBuilder, w: ir.Value, packed: ir.Value, p: ir.Value, q: i
     """Pair row ``q`` of a panel inside ``w``: two rows of ``PANEL`` values, rounded and
     interleaved, in vectors."""
     vec = ir.VectorType(F32, PANEL)
-    rows = [b.fptrunc(b.load(b.bitcast(b.gep(w, [b.add(b.mul(b.add(b.mul(q, _c(2)), _c(j)),
-                                                                 _c(n)), b.mul(p, _c(PANEL)))]),
-                                      vec.as_pointer()), align=4), ir.VectorType(BF16, PANEL))
-            for j in range(2)]
+    rows = [to_bf16(b, b.load(b.bitcast(b.gep(w, [b.add(b.mul(b.add(b.mul(q, _c(2)), _c(j)),
+                                                                _c(n)), b.mul(p, _c(PANEL)))]),
+                                        vec.as_pointer()), align=4)) for j in range(2)]
     order = [c // 2 + PANEL * (c % 2) for c in range(2 * PANEL)]
     pairs = b.shuffle_vector(rows[0], rows[1], ir.Constant(ir.VectorType(I32, 2 * PANEL), order))
-    out = b.bitcast(_pair_row(b, packed, p, q, k), ir.VectorType(BF16, 2 * PANEL).as_pointer())
+    out = b.bitcast(_pair_row(b, packed, p, q, k), ir.VectorType(I16, 2 * PANEL).as_pointer())
     b.store(pairs, out, align=2)
 
 
@@ -242,8 +294,7 @@ def _pack_edge(b: ir.IRBuilder, w: ir.Value, packed: ir.Value, p: ir.Value, q: i
             # Out of w, the index is clamped to 0 so that the load stays inside.
             index = b.select(inside, b.add(b.mul(kk, _c(n)), col), _c(0))
             value = b.select(inside, b.load(b.gep(w, [index])), ir.Constant(F32, 0))
-            b.store(b.fptrunc(value, BF16),
-                    b.bitcast(b.gep(row, [_c(2 * c + j)]), BF16.as_pointer()))
+            b.store(to_bf16(b, value), b.gep(row, [_c(2 * c + j)]))
 
 
 GemmBuilder = Callable[[ir.Module, int, int], ir.Function]
@@ -264,6 +315,6 @@ def gemm_function(module: ir.Module, tier: Tier, k: int, n: int) -> ir.Function:
     return builders[tier](module, k, n)
 
 
-__all__ = ["BF16", "BF16P", "K_BLOCK", "PANEL", "TIERS", "convert_function",
+__all__ = ["BF16", "BF16P", "K_BLOCK", "PANEL", "TIERS", "convert_function", "from_bf16",
            "gemm_function", "host_tier", "pack_function", "packed_words", "padded_k",
-           "panel_count", "request_amx", "with_target_features"]
+           "panel_count", "request_amx", "to_bf16", "with_target_features"]

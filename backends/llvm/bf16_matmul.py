@@ -72,8 +72,8 @@ def _rounded(ctx: Context, src: Buffer) -> Buffer:
     b = ctx.builder
 
     def element(i: ir.Value) -> None:
-        value = b.fptrunc(b.load(b.gep(src.ptr, [i])), bf16.BF16)
-        b.store(b.fpext(value, ctx.scalar), b.gep(dst.ptr, [i]))
+        value = bf16.from_bf16(b, bf16.to_bf16(b, b.load(b.gep(src.ptr, [i]))))
+        b.store(b.fpext(value, ctx.scalar) if ctx.dtype == "f64" else value, b.gep(dst.ptr, [i]))
 
     emit_loop(b, ir.Constant(I64, 0), ctx.numel(src.shape), 1, element)
     return dst

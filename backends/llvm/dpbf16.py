@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from rnnc.backends.llvm.bf16 import BF16, BF16P, F32, PANEL, padded_k
+from rnnc.backends.llvm.bf16 import BF16, BF16P, F32, I16, PANEL, from_bf16, padded_k
 from rnnc.backends.llvm.context import I32, I64
 from rnnc.backends.llvm.kernels import emit_loop
 
@@ -106,14 +106,16 @@ class _Builder:
         row_pairs = [b.bitcast(b.gep(self.abuf, [b.mul(b.add(r0, _c(i)), _c(self.kp))]),
                                I32.as_pointer()) for i in range(height)]
         panel = b.gep(self.packed, [b.mul(p, _c(self.kp * PANEL))])
-        wide = ir.VectorType(BF16, 2 * LANES)
+        wide, bits = ir.VectorType(BF16, 2 * LANES), ir.VectorType(I16, 2 * LANES)
 
         def pair(q: ir.Value) -> None:
             row = b.gep(panel, [b.mul(q, _c(2 * PANEL))])
-            ws = [b.load(b.bitcast(b.gep(row, [_c(2 * LANES * h)]), wide.as_pointer()), align=2)
+            ws = [b.load(b.bitcast(b.gep(row, [_c(2 * LANES * h)]), bits.as_pointer()), align=2)
                   for h in range(2)]
-            if not self.native:
-                ws = [[b.fpext(b.shuffle_vector(w, w, _lanes(j)), vec) for j in range(2)]
+            if self.native:
+                ws = [b.bitcast(w, wide) for w in ws]
+            else:
+                ws = [[from_bf16(b, b.shuffle_vector(w, w, _lanes(j))) for j in range(2)]
                       for w in ws]
             for i in range(height):
                 word = b.load(b.gep(row_pairs[i], [q]), align=4)
@@ -122,8 +124,8 @@ class _Builder:
                     for h in range(2):
                         b.store(b.call(self.dot, [b.load(accs[i][h]), both, ws[h]]), accs[i][h])
                     continue
-                halves = b.bitcast(word, ir.VectorType(BF16, 2))
-                scalars = [b.fpext(b.extract_element(halves, _c(j)), F32) for j in range(2)]
+                halves = b.bitcast(word, ir.VectorType(I16, 2))
+                scalars = [from_bf16(b, b.extract_element(halves, _c(j))) for j in range(2)]
                 for h in range(2):
                     acc = b.load(accs[i][h])
                     for j in range(2):  # the even K row first: the order of a float32 GEMM
@@ -142,7 +144,7 @@ class _Builder:
         """The 16 results of ``value`` at ``dst``, those at columns ``column + j >= N`` left
         out (only a last, partial panel has them)."""
         b = self.b
-        if self.n % LANES == 0:
+        if self.n % PANEL == 0:
             b.store(value, b.bitcast(dst, self.vec.as_pointer()), align=4)
             return
         whole = b.icmp_signed("<=", b.add(column, _c(LANES)), _c(self.n))
