@@ -22,6 +22,7 @@ from llvmlite import ir
 from rnnc.backends.llvm import bf16
 from rnnc.backends.llvm.context import I64, Buffer, Context
 from rnnc.backends.llvm.kernels import emit_loop
+from rnnc.backends.llvm.team import Team
 from rnnc.ir import Node
 
 Lowering = Callable[[Context, Node, Buffer, Buffer, Buffer], None]
@@ -40,29 +41,48 @@ def packs(ctx_dtype: str, node: Node, a: tuple, w: tuple) -> bool:
 
 
 def emit_matmul(ctx: Context, node: Node, out: Buffer, a: Buffer, w: Buffer,
-                float32: Lowering, tier: bf16.Tier | None = None) -> None:
+                float32: Lowering, tier: bf16.Tier | None = None,
+                team: Team | None = None) -> None:
     """``out = node(a, w)`` in bfloat16; ``float32`` lowers a matmul without rounding (the
-    fallback's second half); ``tier`` forces a kernel tier (default: the host's)."""
+    fallback's second half); ``tier`` forces a kernel tier (default: the host's).
+
+    In a thread team's step body (``team``), each thread converts its block of batch rows of
+    ``a``, then, after a barrier, packs (at the run's first step) and multiplies its share of
+    the column panels, as the float32 panel kernel's split (:mod:`rnnc.backends.llvm.team`).
+    """
     if not packs(ctx.dtype, node, a.shape, w.shape):
         float32(ctx, node, out, _rounded(ctx, a), _rounded(ctx, w))
         return
     tier = tier or bf16.host_tier()
     k, n = w.shape
-    b = ctx.builder
-    rows = ctx.numel(a.shape[:-1])
     abuf = ctx.slot(tuple(a.shape[:-1]) + (bf16.padded_k(k) // 2,))
     packed = ctx.slot((bf16.packed_words(k, n),))
-    # Null at the start of every run: the weights are packed at the run's first call.
+    # Null at the start of every run: the weights are packed at the run's first call (each
+    # thread of a team has its own marker for its own panels).
     fptr = ctx.scalar.as_pointer()
     marker = ctx.entry.alloca(fptr)
     ctx.entry.store(ir.Constant(fptr, None), marker)
-    panels = ir.Constant(I64, bf16.panel_count(n))
-    zero = ir.Constant(I64, 0)
-    as_bf16 = [b.bitcast(buf.ptr, bf16.BF16P) for buf in (abuf, packed)]
-    b.call(bf16.convert_function(ctx.module, k), [rows, a.ptr, as_bf16[0]])
-    b.call(bf16.pack_function(ctx.module, k, n), [w.ptr, as_bf16[1], marker, zero, panels])
-    b.call(bf16.gemm_function(ctx.module, tier, k, n),
-           [rows, as_bf16[0], as_bf16[1], out.ptr, zero, panels])
+    convert = bf16.convert_function(ctx.module, k)
+
+    def rows(inputs: list[Buffer], outputs: list[Buffer]) -> None:
+        b = ctx.builder
+        b.call(convert, [ctx.numel(inputs[0].shape[:-1]), inputs[0].ptr,
+                         b.bitcast(outputs[0].ptr, bf16.BF16P)])
+
+    def columns(first: ir.Value, stop: ir.Value) -> None:
+        b = ctx.builder
+        as_bf16 = [b.bitcast(buf.ptr, bf16.BF16P) for buf in (abuf, packed)]
+        b.call(bf16.pack_function(ctx.module, k, n), [w.ptr, as_bf16[1], marker, first, stop])
+        b.call(bf16.gemm_function(ctx.module, tier, k, n),
+               [ctx.numel(a.shape[:-1]), as_bf16[0], as_bf16[1], out.ptr, first, stop])
+
+    panels = bf16.panel_count(n)
+    if team is None:
+        rows([a], [abuf])
+        columns(ir.Constant(I64, 0), ir.Constant(I64, panels))
+        return
+    team.rows([a], [abuf], rows)
+    team.columns(columns, panels)
 
 
 def _rounded(ctx: Context, src: Buffer) -> Buffer:

@@ -20,7 +20,7 @@ from typing import Any
 from llvmlite import ir
 
 from rnnc import ops
-from rnnc.backends.llvm import bf16, gemm
+from rnnc.backends.llvm import bf16, bf16_matmul, gemm
 from rnnc.backends.llvm.blas import Convention
 from rnnc.backends.llvm.context import I64, Buffer, Context, Plan
 from rnnc.backends.llvm.fused import emit_fused, fusible
@@ -246,6 +246,10 @@ class Lowering:
                 self.team.linear_scan(node, out, operands)
             else:
                 RULES[node.op](ctx, node, out, *operands)
+            return
+        if node.op is ops.matmul and bf16_matmul.is_bf16(node) and bf16_matmul.packs(
+                ctx.dtype, node, operands[0].shape, operands[1].shape):
+            bf16_matmul.emit_matmul(ctx, node, out, *operands, RULES[node.op], team=self.team)
             return
         if node.op is ops.matmul and panel_work(node, operands[0].shape, operands[1].shape,
                                                 2 * gemm.lanes(ctx)):

@@ -34,9 +34,7 @@ _CALL_DIMS = ("T", "B")
 def panel_work(node: Node, a: tuple, w: tuple, width: int) -> int:
     """The multiply-adds per batch row of a product a team splits by panels of ``width``
     columns, else 0."""
-    # A bf16 product runs whole on one thread of a team (backends/llvm/bf16_matmul.py).
-    if node.attrs.get("transpose_a") or tuple(a[:-1]) != ("B",) or len(w) != 2 \
-            or node.attrs.get("precision") == "bf16":
+    if node.attrs.get("transpose_a") or tuple(a[:-1]) != ("B",) or len(w) != 2:
         return 0
     n, k = w if node.attrs.get("transpose_b") else w[::-1]
     return n * k if isinstance(n, int) and isinstance(k, int) and n % width == 0 else 0
@@ -53,7 +51,9 @@ def unit_readers(steps: Sequence[Step], width: int) -> dict[int, tuple[int, int]
     by_slot = {step.slot: step for step in steps}
     readers: dict[int, tuple[int, int]] = {}
     for k, step in enumerate(steps):
-        if step.op is not ops.matmul or not panel_work(
+        # A bf16 product has its own split (backends/llvm/bf16_matmul.py), not by units.
+        if step.op is not ops.matmul or step.node.attrs.get("precision") == "bf16" \
+                or not panel_work(
                 step.node, by_slot[step.inputs[0]].node.shape,
                 by_slot[step.inputs[1]].node.shape, width):
             continue

@@ -208,3 +208,19 @@ def test_program_with_bf16_matmuls_matches_rounded_oracle(name, dtype) -> None:
         # bf16 moved the result away from the exact cell by far more than that.
         assert np.max(np.abs(y - oracle(x, params, states, np.float64, exact))) > 1e-4
 
+
+
+def test_team_splits_bf16_products_by_columns(monkeypatch, team_calls) -> None:
+    from rnnc.backends.llvm import runtime
+
+    monkeypatch.setattr(runtime, "TEAM_MIN_WORK", 0)
+    cell = rnnc.cells.lstm(20, 80)  # 320 gate columns: 10 panels, the last one half full
+    x, params, states = random_data(cell, 5, 7, 3, np.float32)
+    team = in_bf16(rnnc.compile(cell, backend="llvm", threads=3, team=True, cache_dir=False))
+    y = team(x, params, states=states)[0]["y"]
+    assert team_calls == [3]
+    np.testing.assert_allclose(y, lstm_oracle(x, params, states, np.float32), rtol=0,
+                               atol=2e-6)
+    # Each element is computed by one thread in the same order as on one: bitwise equal.
+    alone = in_bf16(rnnc.compile(cell, backend="llvm", threads=1, cache_dir=False))
+    np.testing.assert_array_equal(alone(x, params, states=states)[0]["y"], y)
