@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from llvmlite import ir
 
+from rnnc import ops
 from rnnc.backends.llvm import bf16
 from rnnc.backends.llvm.context import I64, Buffer, Context
 from rnnc.backends.llvm.kernels import emit_loop
@@ -83,6 +84,16 @@ def emit_matmul(ctx: Context, node: Node, out: Buffer, a: Buffer, w: Buffer,
         return
     team.rows([a], [abuf], rows)
     team.columns(columns, panels)
+
+
+def emit_split(ctx: Context, node: Node, out: Buffer, operands: list[Buffer], team: Team) -> bool:
+    """In a team's step body: lower ``node`` split between the threads and return True if
+    it is a bf16 product on the packed kernels; else emit nothing and return False."""
+    if not (node.op is ops.matmul and is_bf16(node)
+            and packs(ctx.dtype, node, operands[0].shape, operands[1].shape)):
+        return False
+    emit_matmul(ctx, node, out, *operands, lambda *_: None, team=team)
+    return True
 
 
 def _rounded(ctx: Context, src: Buffer) -> Buffer:

@@ -247,9 +247,7 @@ class Lowering:
             else:
                 RULES[node.op](ctx, node, out, *operands)
             return
-        if node.op is ops.matmul and bf16_matmul.is_bf16(node) and bf16_matmul.packs(
-                ctx.dtype, node, operands[0].shape, operands[1].shape):
-            bf16_matmul.emit_matmul(ctx, node, out, *operands, RULES[node.op], team=self.team)
+        if bf16_matmul.emit_split(ctx, node, out, operands, self.team):
             return
         if node.op is ops.matmul and panel_work(node, operands[0].shape, operands[1].shape,
                                                 2 * gemm.lanes(ctx)):
@@ -290,9 +288,8 @@ class Lowering:
             for fn in ctx.module.functions:
                 if fn is not ctx.function and not fn.is_declaration:
                     fn.attributes.add("noinline")
-        text = str(ctx.module)
         text = "\n".join(line + " " + _FUNCTION_ATTRIBUTES if line.startswith("define ") else line
-                          for line in text.splitlines())
+                          for line in str(ctx.module).splitlines())
         return bf16.with_target_features(text)
 
     def lower_scan(self) -> None:
