@@ -147,15 +147,15 @@ class _Builder:
         if self.n % PANEL == 0:
             b.store(value, b.bitcast(dst, self.vec.as_pointer()), align=4)
             return
-        whole = b.icmp_signed("<=", b.add(column, _c(LANES)), _c(self.n))
-        with b.if_else(whole) as (inside, edge):
-            with inside:
-                b.store(value, b.bitcast(dst, self.vec.as_pointer()), align=4)
-            with edge:
-                for j in range(LANES):
-                    with b.if_then(b.icmp_signed("<", b.add(column, _c(j)), _c(self.n))):
-                        b.store(b.extract_element(value, _c(j)), b.gep(dst, [_c(j)]))
-
+        # A masked store: lanes j with column + j < N.
+        lanes = ir.Constant(ir.VectorType(I64, LANES), list(range(LANES)))
+        left = _splat(b, b.sub(_c(self.n), column), ir.VectorType(I64, LANES))
+        mask = b.icmp_signed("<", lanes, left)
+        name = f"llvm.masked.store.v{LANES}f32.p0"
+        module = b.module
+        store = module.globals.get(name) or ir.Function(module, ir.FunctionType(
+            ir.VoidType(), [self.vec, self.vec.as_pointer(), I32, mask.type]), name)
+        b.call(store, [value, b.bitcast(dst, self.vec.as_pointer()), ir.Constant(I32, 4), mask])
 
 def _lanes(parity: int) -> ir.Constant:
     """Shuffle mask picking the even (0) or odd (1) lanes of 32."""

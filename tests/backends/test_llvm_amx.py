@@ -47,6 +47,14 @@ def kernels(tier: str, k: int, n: int) -> Bf16Gemm:
     return Bf16Gemm(tier, k, n)
 
 
+def product(tier: str, a: np.ndarray, w: np.ndarray, threads: int = 1) -> np.ndarray:
+    """``a @ w`` on the tier's kernels, packing ``w`` (a new array may reuse the address of
+    one packed before)."""
+    gemm = kernels(tier, *w.shape)
+    gemm.new_run()
+    return gemm(a, w, threads)
+
+
 def runnable(tier: str) -> None:
     if not RUNNABLE[tier]:
         pytest.skip(f"this CPU cannot run the {tier} tier (host tier {HOST}); its code is "
@@ -60,7 +68,7 @@ def test_kernel_matches_rounded_float64_product(tier, m, k, n) -> None:
     rng = np.random.default_rng(m * k * n)
     a = rng.standard_normal((m, k)).astype(np.float32)
     w = rng.standard_normal((k, n)).astype(np.float32)
-    out = kernels(tier, k, n)(a, w)
+    out = product(tier, a, w)
     assert_fp32_accumulation(out, a, w)
     # Against the float32 product the error is bf16's, far above float32 rounding: the
     # operands really were rounded.
@@ -74,8 +82,7 @@ def test_kernel_splits_columns_between_threads(tier) -> None:
     rng = np.random.default_rng(1)
     a = rng.standard_normal((37, 50)).astype(np.float32)
     w = rng.standard_normal((50, 130)).astype(np.float32)
-    gemm = kernels(tier, 50, 130)
-    np.testing.assert_array_equal(gemm(a, w, threads=3), gemm(a, w))
+    np.testing.assert_array_equal(product(tier, a, w, threads=3), product(tier, a, w))
 
 
 @pytest.mark.parametrize("tier", ["avx512bf16", "emulate"])
@@ -85,9 +92,12 @@ def test_operands_round_to_nearest_even(tier) -> None:
     values = np.array([1 + ulp / 2, 1 + 3 * ulp / 2, 1 + ulp / 2 + 2.0 ** -20, -(1 + ulp / 4),
                        3.4e38, np.inf, -np.inf, np.nan], np.float32)
     expected = np.array([1.0, 1 + 2 * ulp, 1 + ulp, -1.0, np.inf, np.inf, -np.inf, np.nan])
-    a = np.stack([values, np.zeros_like(values)], axis=1)
-    out = kernels(tier, 2, 1)(a, np.array([[1.0], [0.0]], np.float32))
-    np.testing.assert_array_equal(out[:, 0], expected.astype(np.float32))
+    # Column 0 of a times w[0, 0] = 1, every other product zero: out[:, 0] = bf16(values).
+    a = np.zeros((values.size, 45), np.float32)
+    a[:, 0] = values
+    w = np.zeros((45, 70), np.float32)
+    w[0, 0] = 1
+    np.testing.assert_array_equal(product(tier, a, w)[:, 0], expected.astype(np.float32))
 
 
 def test_kernels_assemble_to_their_instructions() -> None:
@@ -106,9 +116,10 @@ def test_kernels_assemble_to_their_instructions() -> None:
 
 def test_weights_are_packed_once_while_unchanged() -> None:
     rng = np.random.default_rng(2)
-    a = rng.standard_normal((9, 40)).astype(np.float32)
-    w1, w2 = (rng.standard_normal((40, 33)).astype(np.float32) for _ in range(2))
-    gemm = Bf16Gemm("emulate", 40, 33)
+    a = rng.standard_normal((9, 45)).astype(np.float32)
+    w1, w2 = (rng.standard_normal((45, 70)).astype(np.float32) for _ in range(2))
+    gemm = kernels("emulate", 45, 70)
+    gemm.new_run()
     assert_fp32_accumulation(gemm(a, w1), a, w1)
     assert_fp32_accumulation(gemm(a, w2), a, w2)  # another matrix: packed again
     stale = gemm(a, w2)
@@ -121,11 +132,11 @@ def test_weights_are_packed_once_while_unchanged() -> None:
 def test_bad_arguments_raise_rnnc_errors() -> None:
     with pytest.raises(RnncValueError, match="tier must be one of"):
         Bf16Gemm("fp8", 4, 4)
-    gemm = Bf16Gemm("emulate", 4, 4)
-    with pytest.raises(RnncValueError, match=r"float32 a \(M, 4\)"):
-        gemm(np.zeros((2, 3), np.float32), np.zeros((4, 4), np.float32))
+    gemm = kernels("emulate", 45, 70)
+    with pytest.raises(RnncValueError, match=r"float32 a \(M, 45\)"):
+        gemm(np.zeros((2, 3), np.float32), np.zeros((45, 70), np.float32))
     with pytest.raises(RnncValueError, match="float32"):
-        gemm(np.zeros((2, 4)), np.zeros((4, 4), np.float32))
+        gemm(np.zeros((2, 45)), np.zeros((45, 70), np.float32))
     if not bf16.request_amx():
         with pytest.raises(RnncError, match="AMX tiles"):
             Bf16Gemm("amx", 4, 4)
