@@ -10,7 +10,7 @@ multiplies. :meth:`Bf16Gemm.new_run` forgets the packed matrix (a program's next
 from __future__ import annotations
 
 import ctypes
-import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import llvmlite.binding as llvm
 import numpy as np
@@ -56,6 +56,8 @@ class Bf16Gemm:
         self.packed = np.zeros(2 * bf16.packed_words(k, n), np.uint16)
         self.marker = ctypes.c_void_p(0)
         self.abuf = np.zeros(0, np.uint16)
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_size = 0
 
     def new_run(self) -> None:
         """Forget which matrix is packed: the next call packs again."""
@@ -82,15 +84,16 @@ class Bf16Gemm:
             self.kernel(rows, self.abuf.ctypes.data, self.packed.ctypes.data, out.ctypes.data, 0,
                         self.panels)
             return
+        if self._pool is None or self._pool_size != threads - 1:
+            self._pool, self._pool_size = ThreadPoolExecutor(threads - 1), threads - 1
         shares = [(self.panels * t // threads, self.panels * (t + 1) // threads)
                   for t in range(threads)]
-        workers = [threading.Thread(target=self.kernel, args=(
-            rows, self.abuf.ctypes.data, self.packed.ctypes.data, out.ctypes.data, *share))
-            for share in shares]
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
+        args = (rows, self.abuf.ctypes.data, self.packed.ctypes.data, out.ctypes.data)
+        # The calling thread takes the first share; ctypes releases the GIL for every call.
+        others = [self._pool.submit(self.kernel, *args, *share) for share in shares[1:]]
+        self.kernel(*args, *shares[0])
+        for other in others:
+            other.result()
 
     def __call__(self, a: np.ndarray, w: np.ndarray, threads: int = 1) -> np.ndarray:
         self.prepare(a, w)
