@@ -58,11 +58,7 @@ def emit_matmul(ctx: Context, node: Node, out: Buffer, a: Buffer, w: Buffer,
     k, n = w.shape
     abuf = ctx.slot(tuple(a.shape[:-1]) + (bf16.padded_k(k) // 2,))
     packed = ctx.slot((bf16.packed_words(k, n),))
-    # Null at the start of every run: the weights are packed at the run's first call (each
-    # thread of a team has its own marker for its own panels).
-    fptr = ctx.scalar.as_pointer()
-    marker = ctx.entry.alloca(fptr)
-    ctx.entry.store(ir.Constant(fptr, None), marker)
+    marker = _marker(ctx)
     convert = bf16.convert_function(ctx.module, k)
 
     def rows(inputs: list[Buffer], outputs: list[Buffer]) -> None:
@@ -86,14 +82,55 @@ def emit_matmul(ctx: Context, node: Node, out: Buffer, a: Buffer, w: Buffer,
     team.columns(columns, panels)
 
 
-def emit_split(ctx: Context, node: Node, out: Buffer, operands: list[Buffer], team: Team) -> bool:
-    """In a team's step body: lower ``node`` split between the threads and return True if
-    it is a bf16 product on the packed kernels; else emit nothing and return False."""
-    if not (node.op is ops.matmul and is_bf16(node)
-            and packs(ctx.dtype, node, operands[0].shape, operands[1].shape)):
+def emit_split(ctx: Context, node: Node, out: Buffer, operands: list[Buffer],
+               team: Team | None, in_step: bool) -> bool:
+    """In a team build: lower ``node`` split between the threads and return True if it is a
+    bf16 product on the packed kernels; else emit nothing and return False.
+
+    In the step body (``in_step``), as :func:`emit_matmul` with ``team``; outside the loop
+    (the hoisted projection over all steps), on every thread (:meth:`Team.everyone`): each
+    converts its share of the rows, then, after a barrier, packs and multiplies its share of
+    the column panels for every row."""
+    if team is None or not (node.op is ops.matmul and is_bf16(node)
+                            and packs(ctx.dtype, node, operands[0].shape, operands[1].shape)):
         return False
-    emit_matmul(ctx, node, out, *operands, lambda *_: None, team=team)
+    if in_step:
+        emit_matmul(ctx, node, out, *operands, lambda *_: None, team=team)
+        return True
+    a, w = operands
+    k, n = w.shape
+    tier = bf16.host_tier()
+    abuf = ctx.slot(tuple(a.shape[:-1]) + (bf16.padded_k(k) // 2,))
+    packed = ctx.slot((bf16.packed_words(k, n),))
+    marker = _marker(ctx)
+
+    def everyone() -> None:
+        b = ctx.builder
+        rows = ctx.numel(a.shape[:-1])
+        first, stop = team.share(rows)
+        b.call(bf16.convert_function(ctx.module, k),
+               [b.sub(stop, first), b.gep(a.ptr, [b.mul(first, ir.Constant(I64, k))]),
+                b.gep(b.bitcast(abuf.ptr, bf16.BF16P),
+                      [b.mul(first, ir.Constant(I64, bf16.padded_k(k)))])])
+        team.barrier()
+        first, stop = team.share(ir.Constant(I64, bf16.panel_count(n)))
+        as_bf16 = [b.bitcast(buf.ptr, bf16.BF16P) for buf in (abuf, packed)]
+        b.call(bf16.pack_function(ctx.module, k, n), [w.ptr, as_bf16[1], marker, first, stop])
+        b.call(bf16.gemm_function(ctx.module, tier, k, n),
+               [rows, as_bf16[0], as_bf16[1], out.ptr, first, stop])
+
+    team.everyone(everyone)
     return True
+
+
+def _marker(ctx: Context) -> ir.Value:
+    """A new marker of packed weights: null at the start of every run, so that the weights
+    are packed at the run's first call (each thread of a team has its own, for its own
+    panels)."""
+    fptr = ctx.scalar.as_pointer()
+    marker = ctx.entry.alloca(fptr)
+    ctx.entry.store(ir.Constant(fptr, None), marker)
+    return marker
 
 
 def _rounded(ctx: Context, src: Buffer) -> Buffer:

@@ -239,15 +239,15 @@ class Lowering:
     def lower_node(self, node: Node, out: Buffer, operands: list) -> None:
         """One node by its rule; in a team's step body, a recurrent product by column
         panels and any other node by batch rows where it can be split; outside it, a team
-        build's ``linear_scan`` on every thread by columns (:meth:`Team.linear_scan`)."""
+        build's ``linear_scan`` and bf16 products on every thread by columns."""
         ctx = self.ctx
+        if bf16_matmul.emit_split(ctx, node, out, operands, self.team, self.splitting):
+            return
         if not self.splitting:
             if node.op is ops.linear_scan and self.team is not None:
                 self.team.linear_scan(node, out, operands)
             else:
                 RULES[node.op](ctx, node, out, *operands)
-            return
-        if bf16_matmul.emit_split(ctx, node, out, operands, self.team):
             return
         if node.op is ops.matmul and panel_work(node, operands[0].shape, operands[1].shape,
                                                 2 * gemm.lanes(ctx)):
