@@ -95,7 +95,10 @@ def _environment_key() -> str:
     for path in generator_sources():
         data = path.read_bytes()
         source.update(f"{path.name}\0{len(data)}\0".encode() + data)
+    from rnnc.backends.llvm import bf16  # the bf16 kernel tier: AMX needs the kernel's grant
+
     return "\n".join([llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten(),
+                      bf16.host_tier(),
                       llvm.get_process_triple(), rnnc.__version__, llvmlite.__version__,
                       ".".join(map(str, llvm.llvm_version_info)), source.hexdigest()])
 

@@ -20,7 +20,7 @@ from typing import Any
 from llvmlite import ir
 
 from rnnc import ops
-from rnnc.backends.llvm import gemm
+from rnnc.backends.llvm import bf16, bf16_matmul, gemm
 from rnnc.backends.llvm.blas import Convention
 from rnnc.backends.llvm.context import I64, Buffer, Context, Plan
 from rnnc.backends.llvm.fused import emit_fused, fusible
@@ -239,8 +239,10 @@ class Lowering:
     def lower_node(self, node: Node, out: Buffer, operands: list) -> None:
         """One node by its rule; in a team's step body, a recurrent product by column
         panels and any other node by batch rows where it can be split; outside it, a team
-        build's ``linear_scan`` on every thread by columns (:meth:`Team.linear_scan`)."""
+        build's ``linear_scan`` and bf16 products on every thread by columns."""
         ctx = self.ctx
+        if bf16_matmul.emit_split(ctx, node, out, operands, self.team, self.splitting):
+            return
         if not self.splitting:
             if node.op is ops.linear_scan and self.team is not None:
                 self.team.linear_scan(node, out, operands)
@@ -286,9 +288,9 @@ class Lowering:
             for fn in ctx.module.functions:
                 if fn is not ctx.function and not fn.is_declaration:
                     fn.attributes.add("noinline")
-        text = str(ctx.module)
-        return "\n".join(line + " " + _FUNCTION_ATTRIBUTES if line.startswith("define ") else line
-                         for line in text.splitlines())
+        text = "\n".join(line + " " + _FUNCTION_ATTRIBUTES if line.startswith("define ") else line
+                          for line in str(ctx.module).splitlines())
+        return bf16.with_target_features(text)
 
     def lower_scan(self) -> None:
         """The time loop: one step of the body per iteration, over double-buffered carries."""

@@ -15,13 +15,12 @@ from collections.abc import Callable
 from llvmlite import ir
 
 from rnnc import ops
-from rnnc.backends.llvm import bf16, gemm, region
+from rnnc.backends.llvm import bf16_matmul, gemm, region
 from rnnc.backends.llvm.context import Buffer, Context
 from rnnc.backends.llvm.kernels import Kernel, emit_reduce, emit_sum_rows
 from rnnc.backends.llvm.scalar import INDEXED, SCALAR
 from rnnc.backends.llvm.scan import emit_last_step, emit_linear_scan
 from rnnc.ir import Node
-from rnnc.precision import BF16
 
 
 def _loop(ctx: Context, node: Node, out: Buffer, *operands: Buffer) -> None:
@@ -31,13 +30,14 @@ def _loop(ctx: Context, node: Node, out: Buffer, *operands: Buffer) -> None:
 
 
 def _matmul(ctx: Context, node: Node, out: Buffer, a: Buffer, b: Buffer) -> None:
-    if node.attrs.get("precision") == BF16:  # bfloat16 operands, float32 sums: bf16.py
-        bf16.emit_matmul(ctx, node, out, a, b, _fp32_matmul)
+    if bf16_matmul.is_bf16(node):  # operands rounded to bfloat16: its own kernels
+        bf16_matmul.emit_matmul(ctx, node, out, a, b, _matmul_f32)
         return
-    _fp32_matmul(ctx, node, out, a, b)
+    _matmul_f32(ctx, node, out, a, b)
 
 
-def _fp32_matmul(ctx: Context, node: Node, out: Buffer, a: Buffer, b: Buffer) -> None:
+def _matmul_f32(ctx: Context, node: Node, out: Buffer, a: Buffer, b: Buffer) -> None:
+    """A matmul in the program's dtype: the BLAS, the panel kernel or the small kernel."""
     rows = ctx.numel(a.shape[:-1])
     if node.attrs.get("transpose_a"):
         # Every leading axis is contracted: (rows, K)^T (rows, N).

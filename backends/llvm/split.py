@@ -53,7 +53,9 @@ def unit_readers(steps: Sequence[Step], width: int) -> dict[int, tuple[int, int]
     by_slot = {step.slot: step for step in steps}
     readers: dict[int, tuple[int, int]] = {}
     for k, step in enumerate(steps):
-        if step.op is not ops.matmul or not panel_work(
+        # A bf16 product has its own split (backends/llvm/bf16_matmul.py), not by units.
+        if step.op is not ops.matmul or step.node.attrs.get("precision") == "bf16" \
+                or not panel_work(
                 step.node, by_slot[step.inputs[0]].node.shape,
                 by_slot[step.inputs[1]].node.shape, width):
             continue

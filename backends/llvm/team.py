@@ -211,6 +211,19 @@ class Team:
         for _ in range(depth):
             self._enter_main()
 
+    def everyone(self, emit: Callable[[], None]) -> None:
+        """``emit()`` outside the time loop on every thread, between a barrier (thread 0
+        wrote the operands) and one (thread 0 alone reads the results); emitted in a
+        :meth:`main_only` stretch, it closes the stretch and opens another after it."""
+        depth = len(self.joins)
+        for _ in range(depth):
+            self._leave_main()
+        self.barrier()
+        emit()
+        self.barrier()
+        for _ in range(depth):
+            self._enter_main()
+
     def _scan_columns(self, node: Node, buffers: tuple[Buffer, ...], work: Buffer,
                       total: ir.Value) -> None:
         """This thread's block of the ``total`` columns of a ``linear_scan``, whole vectors."""
