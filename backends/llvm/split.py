@@ -33,10 +33,8 @@ _CALL_DIMS = ("T", "B")
 
 def panel_work(node: Node, a: tuple, w: tuple, width: int) -> int:
     """The multiply-adds per batch row of a product a team splits by panels of ``width``
-    columns, else 0. A bfloat16 product rounds its whole operands first (:mod:`.bf16`): one
-    thread runs it."""
-    if node.attrs.get("transpose_a") or tuple(a[:-1]) != ("B",) or len(w) != 2 \
-            or node.attrs.get("precision") == "bf16":
+    columns, else 0."""
+    if node.attrs.get("transpose_a") or tuple(a[:-1]) != ("B",) or len(w) != 2:
         return 0
     n, k = w if node.attrs.get("transpose_b") else w[::-1]
     return n * k if isinstance(n, int) and isinstance(k, int) and n % width == 0 else 0
