@@ -10,8 +10,11 @@ results. Every result is compared with the unoptimized oracle.
 from __future__ import annotations
 
 import cProfile
+import math
 import pstats
+import sys
 import threading
+import time
 import tracemalloc
 
 import numpy as np
@@ -19,6 +22,7 @@ import pytest
 
 import rnnc
 from rnnc.backends.cuda import plan as plan_module
+from rnnc.backends.cuda.graphs import GRAPH_STEPS, EmulatedGraph, Replay
 
 SIZES = (3, 4)
 
@@ -224,6 +228,7 @@ def test_a_plan_takes_the_same_host_memory_at_any_length(name: str, reverse: boo
     got, _, tape = fn.forward(x, p)
     fn.backward(tape, d_outputs={"y": np.ones_like(got["y"])})
     runner = _runner(fn, mode)
+    _plan_bytes(runner, 10**3)  # warm up: what a first plan allocates once is not the plan's
     short, short_plan = _plan_bytes(runner, 10**3)
     long, long_plan = _plan_bytes(runner, 10**5)
     assert short > 0 and abs(long - short) <= 0.1 * short, (short, long)
@@ -251,3 +256,99 @@ def test_the_first_and_last_steps_of_short_loops_match_the_oracle(reverse: bool)
         for key in want_grads.params:
             np.testing.assert_allclose(grads.params[key], want_grads.params[key], rtol=1e-4,
                                        atol=1e-5, err_msg=f"T={T} {key}")
+
+
+def _lstm_runner(mode: str = "inference", reverse: bool = False):
+    """An LSTM function (GEMM path) and its runner of ``mode``, with a plan of T = 2."""
+    cell = rnnc.cells.lstm(*SIZES)
+    fn = rnnc.compile(cell, backend="cuda", emulate=True, reverse=reverse, fused_step="never")
+    x, p = _inputs(cell, T=2, B=5)
+    got, _, tape = fn.forward(x, p)
+    fn(x, p)
+    return cell, fn, _runner(fn, mode)
+
+
+def test_a_long_plan_is_built_as_fast_as_a_short_one() -> None:
+    """A plan of 10**5 steps records as many calls as one of 10**3 (one step's, once), so
+    building it costs about the same: no work per step."""
+    _, _, runner = _lstm_runner()
+    _plan_bytes(runner, 10**3)  # warm up
+    seconds = {}
+    for steps in (10**3, 10**5):
+        start = time.perf_counter()
+        _, plan = _plan_bytes(runner, steps)
+        seconds[steps] = time.perf_counter() - start
+        assert plan.loop is not None and plan.loop.steps == steps
+        calls = (len(plan.calls), len(plan.loop.calls))
+        if steps == 10**3:
+            short_calls = calls
+    assert calls == short_calls
+    assert seconds[10**5] < 5 * seconds[10**3] + 0.5, seconds
+
+
+class _Counted(EmulatedGraph):
+    """An emulated graph that counts its launches and makes no call (sizes only)."""
+
+    launches = 0
+
+    def launch(self) -> None:
+        _Counted.launches += 1
+
+
+def _graph_bytes(replay: Replay) -> int:
+    """The host bytes the graphs of ``replay`` hold: every node, its argument tuples and
+    keywords, and the arrays they name (a step's slot is a view: its object, no data).
+    Counted object by object: tracemalloc would also count the tuples that CPython's free
+    lists keep after a replay has resolved many steps' arguments and dropped them."""
+    def size(value) -> int:
+        if isinstance(value, tuple):
+            return sys.getsizeof(value) + sum(size(v) for v in value)
+        if isinstance(value, dict):
+            return sys.getsizeof(value) + sum(size(v) for v in value.values())
+        return sys.getsizeof(value)
+    return sum(size(node) for graph in replay.graphs() for node in graph.nodes)
+
+
+@pytest.mark.parametrize("mode", ["inference", "forward"])
+def test_graphs_of_a_long_loop_hold_k_steps_whatever_t(mode: str) -> None:
+    """A loop longer than GRAPH_STEPS replays a graph of GRAPH_STEPS steps T / GRAPH_STEPS
+    times: its graphs (before the loop, the first span, the middle spans, the last span,
+    after the loop) keep no more host memory at T = 10**5 than at 10**3."""
+    _, _, runner = _lstm_runner(mode)
+    for steps in (10**3, 10**5):
+        _Counted.launches = 0
+        _, plan = _plan_bytes(runner, steps)
+        replay = Replay(plan, _Counted)
+        replay()
+        size = _graph_bytes(replay)
+        spans = math.ceil(steps / GRAPH_STEPS)
+        assert replay.whole is None and len(replay.spans) <= 3
+        assert _Counted.launches == spans + sum(g is not None for g in replay.around)
+        per_step = sum(replay.plan.per_step(1).values())
+        assert all(len(g.nodes) <= GRAPH_STEPS * (per_step + 1) for g in replay.spans.values())
+        if steps == 10**3:
+            short = size
+    assert 0 < size <= 1.1 * short, (short, size)
+
+
+@pytest.mark.parametrize("mode, reverse", [("inference", False), ("forward", True)])
+def test_spans_of_graphs_replay_the_plan_s_results(mode: str, reverse: bool) -> None:
+    """Graphs of 4 steps replayed over 11 steps (a first, a middle and a shorter last span),
+    re-pointed at each span and again at the next call's: the oracle's results."""
+    cell, fn, runner = _lstm_runner(mode, reverse)
+    oracle = rnnc.compile(cell, optimize=False, reverse=reverse)
+    replay = None
+    for seed in (1, 2):
+        x, p = _inputs(cell, T=11, B=3, seed=seed)
+        fn(x, p) if mode == "inference" else fn.forward(x, p)  # fills the plan's inputs
+        plan = next(plan for key, plan in runner.plans.plans.items() if key[:2] == (11, 3))
+        for value in plan.results.values():
+            value.fill(np.nan)
+        replay = replay or Replay(plan, EmulatedGraph, steps=4)
+        replay()
+        assert len(replay.spans) == (2 if mode == "inference" else 3) and replay.whole is None
+        want, want_finals = oracle(x, p)
+        np.testing.assert_allclose(plan.results["y"], want["y"], rtol=1e-5, atol=1e-6)
+        for name in ("h", "c"):
+            np.testing.assert_allclose(plan.results[f"{name}.final"], want_finals[name],
+                                       rtol=1e-5, atol=1e-6)
