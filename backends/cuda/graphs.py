@@ -123,8 +123,11 @@ class Replay:
 class DeviceGraph:
     """A CUDA graph captured on ``stream`` from ``nodes`` and instantiated (GPU only)."""
 
-    def __init__(self, cupy: Any, stream: Any, nodes: list[Node]) -> None:
+    def __init__(self, cupy: Any, stream: Any, nodes: list[Node],
+                 exec_update: Callable[[int, int], bool] | None = None) -> None:
         self.runtime, self.stream = cupy.cuda.runtime, stream
+        # The driver's cuGraphExecUpdate (None: none found, every span instantiated anew).
+        self.exec_update = exec_update or _driver_update()
         graph = self._capture(nodes)
         try:
             self.instance = self.runtime.graphInstantiate(graph)
@@ -147,12 +150,11 @@ class DeviceGraph:
         return runtime.streamEndCapture(stream)
 
     def update(self, nodes: list[Node]) -> bool:
-        update = _driver_update()
-        if update is None:
+        if self.exec_update is None:
             return False
         graph = self._capture(nodes)
         try:
-            return update(self.instance, graph)
+            return self.exec_update(self.instance, graph)
         finally:
             self.runtime.graphDestroy(graph)
 
