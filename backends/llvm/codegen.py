@@ -111,7 +111,7 @@ class Lowering:
         out: dict[str, Buffer] = {}
         for name, output in graph.outputs.items():
             dest = dests.get(name)
-            if name in plan.copies:  # the loop's args are not written in its body
+            if name in plan.copies:  # settled: the loop's args are not written in its body
                 self.copy(dest, values[output.slot], graph is self.schedule.body
                           and self.ctx.nodes[output.slot].op is ARG)
             out[name] = values[output.slot] if dest is None else dest
