@@ -15,7 +15,7 @@ import pstats
 import sys
 import threading
 import time
-import tracemalloc
+from functools import partial
 
 import numpy as np
 import pytest
@@ -196,23 +196,47 @@ def test_training_steps_copy_nothing_after_the_first(name: str, reverse: bool,
         assert "copy" not in plan.per_step(step), (step, plan.per_step(step))
 
 
+def _own_bytes(root) -> int:
+    """The host bytes of the objects reachable from ``root``, each counted once: containers,
+    calls and their arguments, per-step records. An array counts as its object only (its data
+    is device memory on a GPU), a kernel or NumPy function as itself (code that plans share).
+    Counted object by object: tracemalloc would also count the tuples that CPython's free
+    lists keep after many have been made and dropped."""
+    seen: set[int] = set()
+    stack, total = [root], 0
+    while stack:
+        value = stack.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if isinstance(value, np.ndarray):
+            total += object.__sizeof__(value)
+            continue
+        total += sys.getsizeof(value)
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list | tuple | set):
+            stack.extend(value)
+        elif isinstance(value, partial):
+            stack.extend((value.func, value.args, value.keywords))
+        elif isinstance(value, plan_module.Plan | plan_module.Loop | plan_module.StepCall |
+                        plan_module.PerStep | plan_module.Entry):
+            for cls in type(value).__mro__:
+                stack.extend(getattr(value, name) for name in getattr(cls, "__slots__", ())
+                             if hasattr(value, name))
+            stack.extend(getattr(value, "__dict__", {}).values())
+    return total
+
+
 def _plan_bytes(runner, steps: int) -> tuple[int, plan_module.Plan]:
-    """The host bytes (array data left out) that building ``runner``'s plan for ``steps``
-    steps allocates and keeps, and the plan; the runner has a plan of two steps already."""
+    """The host bytes of ``runner``'s plan for ``steps`` steps (:func:`_own_bytes`), and the
+    plan; the runner has a plan of two steps already."""
     ((_, batch, *inputs),) = runner.plans.plans  # the shape key of that plan (T = 2)
     arrays = {name: np.zeros((steps,) + shape[1:] if shape[:1] == (2,) else shape, dtype)
               for name, shape, dtype in inputs}
-    tracemalloc.start()
-    try:
-        before = tracemalloc.take_snapshot()
-        plan = runner.host.plan(arrays, {"T": steps, "B": batch})
-        after = tracemalloc.take_snapshot()
-    finally:
-        tracemalloc.stop()
-    # NumPy traces array data in its own domain: the (T, ...) buffers may grow with T.
-    objects = [tracemalloc.DomainFilter(False, np.lib.tracemalloc_domain)]
-    grown = after.filter_traces(objects).compare_to(before.filter_traces(objects), "filename")
-    return sum(stat.size_diff for stat in grown), plan
+    plan = runner.host.plan(arrays, {"T": steps, "B": batch})
+    return _own_bytes(plan), plan
 
 
 @pytest.mark.parametrize("mode", ["inference", "forward", "backward"])
@@ -228,7 +252,6 @@ def test_a_plan_takes_the_same_host_memory_at_any_length(name: str, reverse: boo
     got, _, tape = fn.forward(x, p)
     fn.backward(tape, d_outputs={"y": np.ones_like(got["y"])})
     runner = _runner(fn, mode)
-    _plan_bytes(runner, 10**3)  # warm up: what a first plan allocates once is not the plan's
     short, short_plan = _plan_bytes(runner, 10**3)
     long, long_plan = _plan_bytes(runner, 10**5)
     assert short > 0 and abs(long - short) <= 0.1 * short, (short, long)
@@ -296,17 +319,8 @@ class _Counted(EmulatedGraph):
 
 
 def _graph_bytes(replay: Replay) -> int:
-    """The host bytes the graphs of ``replay`` hold: every node, its argument tuples and
-    keywords, and the arrays they name (a step's slot is a view: its object, no data).
-    Counted object by object: tracemalloc would also count the tuples that CPython's free
-    lists keep after a replay has resolved many steps' arguments and dropped them."""
-    def size(value) -> int:
-        if isinstance(value, tuple):
-            return sys.getsizeof(value) + sum(size(v) for v in value)
-        if isinstance(value, dict):
-            return sys.getsizeof(value) + sum(size(v) for v in value.values())
-        return sys.getsizeof(value)
-    return sum(size(node) for graph in replay.graphs() for node in graph.nodes)
+    """The host bytes the graphs of ``replay`` hold (:func:`_own_bytes` of their nodes)."""
+    return _own_bytes([graph.nodes for graph in replay.graphs()])
 
 
 @pytest.mark.parametrize("mode", ["inference", "forward"])
