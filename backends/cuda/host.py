@@ -4,11 +4,13 @@ Written against an array module ``xp`` (CuPy on a GPU, NumPy in emulation) and k
 CuPy's ``RawKernel`` calling convention. :meth:`Host.plan` walks the schedule
 (:mod:`rnnc.backends.steps`) once per shape and records every launch into a
 :class:`~.plan.Plan`; each step that does work has a :class:`~.codegen.Launch` or
-:class:`~.codegen.Gemm` from code generation. Where the loop body's results live is decided
-once per program (:class:`ScanPlan`): body values live in two buffers used on alternate steps,
-so a carried value read at step t+1 is never the buffer being written at step t+1, and a
-stacked output computed by a kernel or GEMM is written straight into its slot of the (T, ...)
-result. A kernel runs one thread per element of its largest result, or one per row when its
+:class:`~.codegen.Gemm` from code generation. Where values live is the program's buffer plan
+(:mod:`rnnc.backends.buffers`): outside the loop a result takes its plan buffer's array, which
+a later result takes again once the value is dead; in the loop (:class:`ScanPlan`, the plan's
+view for the kernels this host launches) body values live in two arrays used on alternate
+steps, so a carried value read at step t+1 is never the array being written at step t+1, and
+a stacked output computed by a kernel or GEMM is written straight into its slot of the
+(T, ...) result. A kernel runs one thread per element of its largest result, or one per row when its
 launch says so (a region that reduces over features), except a ``linear_scan`` that the sizes
 of the call give to its chunked kernel (:func:`.scan.chunked_geometry`: a block per tile of
 columns and chunks of steps); fused nodes run alike in every graph. A fused step
@@ -28,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from rnnc import ops
+from rnnc.backends.buffers import BufferPlan, GraphBuffers, plan_buffers
 from rnnc.backends.cuda import bf16
 from rnnc.backends.cuda.codegen import BLOCK, Gemm, Module, Work
 from rnnc.backends.cuda.fused_step import FusedStep
@@ -70,7 +73,9 @@ class Buffers:
 
 @dataclass(frozen=True)
 class ScanPlan:
-    """Where the loop body's results live, by symbolic shape; allocated per plan."""
+    """Where the loop body's results live, by symbolic shape; allocated per plan. The
+    program's buffer plan, less what this host's kernels do not make (constants, absorbed
+    products): those values are copied like args."""
 
     into_stack: dict[Key, str]  # results written straight into a stacked output's step slot
     pairs: dict[Key, Shape]  # every other result a kernel or GEMM makes: two buffers each
@@ -87,32 +92,18 @@ class ScanPlan:
     behind: dict[str, str]
 
 
-def plan_scan(body: GraphSteps, steps: list[Work], stacked: tuple[str, ...],
-              carries: tuple[str, ...]) -> ScanPlan:
-    """The buffer plan of a loop body whose work is ``steps``."""
+def plan_scan(plan: BufferPlan, steps: list[Work], stacked: tuple[str, ...]) -> ScanPlan:
+    """The loop's buffers where the loop body's work is ``steps``, read from ``plan``."""
     made = {(s.node, k): shape for s in steps for k, shape in
             enumerate((s.shape,) if isinstance(s, Gemm) else s.shapes)}
-    into_stack: dict[Key, str] = {}
-    for name in stacked:
-        key = body.outputs[name].source
-        if key in made and key not in into_stack:
-            into_stack[key] = name
+    into_stack = {key: name for key, name in plan.body.writes.items()
+                  if name in stacked and key in made}
     pairs = {key: shape for key, shape in made.items() if key not in into_stack}
-    copied = {name: body.outputs[name].shape for name in carries
-              if body.outputs[name].source not in made}
-    reads = {(s.slot, 0): s.name for s in body.steps if s.op is ARG}
-    shifted: dict[Key, str] = {}
-    behind: dict[str, str] = {}
-    for name in stacked:
-        carry = reads.get(body.outputs[name].source)
-        if carry in carries and carry not in copied:
-            key = body.outputs[carry].source
-            if key in into_stack:
-                behind[name] = into_stack[key]
-            elif key not in shifted:
-                shifted[key] = name
-    copy_stacked = tuple(name for name in stacked
-                         if into_stack.get(body.outputs[name].source) != name)
+    copied = {c.name: c.shape for c in plan.carries if c.made not in made}
+    shifted = {key: name for key, name in plan.shifted.items() if key in pairs}
+    behind = {name: value for name, value in plan.behind.items()
+              if value in into_stack.values()}
+    copy_stacked = tuple(name for name in stacked if name not in into_stack.values())
     return ScanPlan(into_stack, pairs, copied, copy_stacked, shifted, behind)
 
 
@@ -137,9 +128,8 @@ class Host:
         self.constants = {step.slot: xp.full((), step.attrs["value"], self.dtype)
                           for graph in (schedule.pre, schedule.body, schedule.post)
                           for step in graph.steps if step.op is ops.constant}
-        scan = schedule.scan
-        self.scan_plan = plan_scan(schedule.body, steps["body"], scan.stacked,
-                                   tuple(c.name for c in scan.carries))
+        self.buffer_plan = plan_buffers(schedule)
+        self.scan_plan = plan_scan(self.buffer_plan, steps["body"], schedule.scan.stacked)
 
     def plan(self, inputs: Mapping[str, Any], dims: Mapping[str, int]) -> Plan:
         """The launch plan of a call on ``inputs`` (device arrays the plan keeps, by name) for
@@ -147,13 +137,23 @@ class Host:
         schedule, buffers = self.schedule, Buffers(self.xp, self.dtype)
         plan = Plan(dict(inputs))
         env = dict(inputs)
+        arrays: dict[int, Any] = {}  # the plan's buffers outside the loop, made on first use
 
-        def once(key: Key, shape: Shape) -> Any:
-            return buffers.empty(resolve(shape, dims))
+        def pooled(graph: GraphBuffers) -> Destination:
+            def destination(key: Key, shape: Shape) -> Any:
+                number = graph.buffers.get(key)
+                if number is None:  # a result's own array
+                    return buffers.empty(resolve(shape, dims))
+                if number not in arrays:
+                    arrays[number] = buffers.empty(resolve(graph.shape(number), dims))
+                return arrays[number]
+            return destination
 
-        env.update(self.run_graph(plan, Entry("pre", ""), schedule.pre, env, dims, once))
+        pre, post = self.buffer_plan.pre, self.buffer_plan.post
+        env.update(self.run_graph(plan, Entry("pre", ""), schedule.pre, env, dims, pooled(pre)))
         env.update(self.run_scan(plan, env, dims, buffers))
-        env.update(self.run_graph(plan, Entry("post", ""), schedule.post, env, dims, once))
+        env.update(self.run_graph(plan, Entry("post", ""), schedule.post, env, dims,
+                                  pooled(post)))
         plan.results = {name: env[name] for name in schedule.results}
         return plan
 

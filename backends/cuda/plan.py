@@ -31,6 +31,8 @@ from typing import Any
 # Plans kept per runner, most recently used last: each holds its buffers on the device.
 MAX_PLANS = 8
 
+Node = tuple[Callable[..., Any], tuple, dict[str, Any]]  # a call: function, args, keywords
+
 
 @dataclass(frozen=True)
 class Entry:
@@ -194,6 +196,23 @@ class Loop:
                 if step in call.steps:
                     call(step)
 
+    def nodes(self, start: int, stop: int) -> list[Node]:
+        """The calls of steps ``start`` to ``stop`` (excluded) in the order they run, each
+        with its arguments resolved: what a CUDA graph of those steps holds."""
+        return [(call.func, tuple(_resolve(a, step) for a in call.args),
+                 {k: _resolve(v, step) for k, v in call.kwargs.items()})
+                for step in range(start, stop) for call in self.calls if step in call.steps]
+
+    def topology(self, start: int, stop: int) -> Hashable:
+        """What the calls of steps ``start`` to ``stop`` are, whatever their arrays: two spans
+        of one topology make the same calls in the same order (the first step copies what
+        later ones do not, so the first span differs)."""
+        spans = []
+        for call in self.calls:
+            first, last = max(call.steps.start, start), min(call.steps.stop, stop)
+            spans.append((first - start, last - start) if first < last else None)
+        return stop - start, tuple(spans)
+
     def per_step(self, step: int) -> Counter:
         """How many calls of each kind step ``step`` makes."""
         return Counter(e.kind for c, e in zip(self.calls, self.entries, strict=True)
@@ -220,6 +239,7 @@ class Plan:
     staging: dict[tuple[str, str], Any] = field(default_factory=dict)  # pinned host buffers
     path: str = ""  # the launch path that made it: "gemm", "fused" or "persistent"
     loop: Loop | None = None  # the time loop's steps, where they run one by one
+    replay: Any = None  # emulation's graphs of the plan (graphs.Replay), once it has them
 
     def record(self, entry: Entry, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         """Append ``fn(*args, **kwargs)`` to the calls, described by ``entry``."""
@@ -237,6 +257,14 @@ class Plan:
         """Make every call in order."""
         for call in self.calls:
             call()
+
+    def around_loop(self) -> tuple[list[Node], list[Node]]:
+        """The calls before the time loop and after it, as graph nodes (all of them before,
+        where the plan has no loop)."""
+        nodes = [(c.func, c.args, c.keywords) if isinstance(c, partial) else c
+                 for c in self.calls]
+        at = next((k for k, c in enumerate(self.calls) if c is self.loop), len(nodes))
+        return nodes[:at], nodes[at + 1:]
 
     def functions(self) -> list[Callable[..., Any]]:
         """Every function the plan calls (kernels, ``matmul``, copies), the loop's included."""

@@ -16,15 +16,15 @@ a GPU on the runner's own stream) and copies the results out. On a GPU the copie
 page-locked host buffers the plan keeps, one per input and result. Calls on one runner take
 turns.
 
-``graph=True`` (the default; GPU only in effect): after a shape's first call (which also
-compiles CuPy's own kernels and creates the cuBLAS handle, which cannot happen inside a capture)
-the plan is captured once with ``Stream.begin_capture``/``end_capture`` and later calls replay
-it with one ``graph.launch``. The plan records one step of the loop (:class:`~.plan.Loop`),
-but the graph holds the launches of every step, as the loop makes them while it is captured.
-If the capture fails (a CuPy or driver that cannot capture
-cuBLAS), that shape runs its plan call by call instead. In emulation the plan runs call by call,
-which is what a replay does. ``graph=False`` launches every call of the plan from Python on
-every call.
+``graph=True`` (the default): after a shape's first call (which also compiles CuPy's own
+kernels and creates the cuBLAS handle, which cannot happen inside a capture) the plan is
+captured as CUDA graphs of at most :data:`~.graphs.GRAPH_STEPS` loop steps (:mod:`.graphs`):
+a call of a shorter loop replays one graph, a longer loop replays one graph of that many steps
+T / GRAPH_STEPS times, re-pointed at each span's arrays, so the graphs' size does not grow
+with T either. If the capture fails (a CuPy or driver that cannot capture cuBLAS), that shape
+runs its plan call by call instead. In emulation the same graphs are kept in host memory and
+replayed call by call (``plan.replay``). ``graph=False`` launches every call of the plan from
+Python on every call.
 
 ``precision="tf32"`` runs float32 GEMMs in TensorFloat-32 (:mod:`.precision`).
 
@@ -60,6 +60,7 @@ from rnnc.backends.cuda import precision as precision_module
 from rnnc.backends.cuda.codegen import Module, render
 from rnnc.backends.cuda.device import CudaDevice, EmulatedArray
 from rnnc.backends.cuda.fused_step import check_mode
+from rnnc.backends.cuda.graphs import DeviceGraph, EmulatedGraph, Replay
 from rnnc.backends.cuda.host import Host
 from rnnc.backends.cuda.persistent import PersistentLaunch, resident_blocks
 from rnnc.backends.cuda.plan import Plan, Plans, shape_key
@@ -285,7 +286,12 @@ class Runner:
         """Copy in, run the plan, copy out: what a GPU call does, in host memory."""
         for name, value in env.items():
             np.copyto(plan.inputs[name], value)
-        plan.run()
+        if self.backend.graph:
+            if plan.replay is None:
+                plan.replay = Replay(plan, EmulatedGraph)
+            plan.replay()
+        else:
+            plan.run()
         kind = EmulatedArray if on_device else np.ndarray
         results = {name: np.array(value).view(kind) for name, value in plan.results.items()}
         self._count(env, {} if on_device else results)
@@ -309,7 +315,7 @@ class Runner:
             else:
                 self.backend.cupy.copyto(plan.inputs[name], value)
         if plan.graph is not None:
-            plan.graph.launch(stream)
+            self._replay(plan)
         else:
             plan.run()
             if self.backend.graph and not plan.captured:
@@ -341,21 +347,26 @@ class Runner:
         self.transfers = {"to_device": sum(v.nbytes for v in env.values() if _on_host(v)),
                           "to_host": sum(v.nbytes for v in results.values())}
 
-    def _capture(self, stream: Any, plan: Plan) -> Any:
-        """The plan as a CUDA graph on ``stream``, or None if this CuPy cannot capture it."""
+    def _capture(self, stream: Any, plan: Plan) -> Replay | None:
+        """The plan as CUDA graphs on ``stream`` (the first ones captured now, the loop's
+        other spans on first use), or None if this CuPy cannot capture it."""
         stream.synchronize()
-        # Relaxed mode: CuPy may query (not allocate) memory while the calls are recorded.
-        runtime = self.backend.cupy.cuda.runtime
-        stream.begin_capture(getattr(runtime, "streamCaptureModeRelaxed", None))
+        cupy = self.backend.cupy
+        replay = Replay(plan, lambda nodes: DeviceGraph(cupy, stream, nodes))
         try:
-            plan.run()
+            replay.prepare()
         except Exception:
-            try:
-                stream.end_capture()
-            except Exception:  # an invalidated capture cannot end cleanly; nothing to keep
-                pass
             return None
-        return stream.end_capture()
+        return replay
+
+    def _replay(self, plan: Plan) -> None:
+        """Launch the plan's graphs; where a span's capture fails, run the plan call by call
+        from its start (it reads only its inputs) and keep doing so for this shape."""
+        try:
+            plan.graph()
+        except Exception:
+            plan.graph = None
+            plan.run()
 
 
 def _hosts(xp: Any, schedule: ProgramSteps, module: Module, kernels: Mapping[str, Any]

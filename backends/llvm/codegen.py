@@ -1,18 +1,18 @@
 """Lower a whole program (pre graph, time loop, post graph) to one LLVM function, ``rnnc_run``
 (its signature and buffers: :mod:`rnnc.backends.llvm.context`).
 
-Every node gets its own buffer, except that a node whose value is a graph output is written
-straight into the output's destination: a result buffer (when no later stage rewrites that
-name), the next-value buffer of a carry, or the step's slice of a stacked output. Carries are
+Where each value lives is the program's buffer plan (:mod:`rnnc.backends.buffers`): a result
+that is a graph output is written straight into the output's destination (a result buffer
+when no later stage rewrites that name, the step's slice of a stacked output, the next-value
+buffer of a carry), every other result into the workspace slot of its plan buffer, made on
+first use, so a pre or post slot whose value is dead serves a later value. Carries are
 double-buffered: each step reads ``cur`` and writes ``nxt``, then the two swap. Summed outputs
-are zeroed before the loop and accumulated after each step. Outside the loop a slot whose value
-is dead (a node's, or a fused node's result once its ``get``'s users are emitted) is recycled.
-A fused node in any graph is emitted by :mod:`rnnc.backends.llvm.fused`.
+are zeroed before the loop and accumulated after each step. A fused node in any graph is
+emitted by :mod:`rnnc.backends.llvm.fused`.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -20,6 +20,8 @@ from typing import Any
 from llvmlite import ir
 
 from rnnc import ops
+from rnnc.backends.buffers import GraphBuffers, plan_buffers, plan_graph, result_writers
+from rnnc.backends.buffers import needed as needed_nodes
 from rnnc.backends.llvm import bf16, bf16_matmul, gemm
 from rnnc.backends.llvm.blas import Convention
 from rnnc.backends.llvm.context import I64, Buffer, Context, Plan
@@ -44,17 +46,6 @@ def env_shapes(program: Program) -> dict[str, tuple]:
     return {name: ty.shape for name, ty in program.env_types().items()}
 
 
-def _last_stage(program: Program) -> dict[str, int]:
-    """For each name, the stage that writes it last: 0 args, 1 pre, 2 scan, 3 post."""
-    stage = {name: 0 for name in program.args}
-    stage.update({name: 1 for name in program.pre.outputs})
-    scan = program.scan
-    stage.update({name: 2 for name in scan.stacked + scan.summed})
-    stage.update({c.final: 2 for c in scan.carries if c.final is not None})
-    stage.update({name: 3 for name in program.post.outputs})
-    return stage
-
-
 class Lowering:
     """Builds ``rnnc_run`` for one program: walks its schedule and gives every node a buffer."""
 
@@ -77,74 +68,61 @@ class Lowering:
         self.result_buffers: dict[str, Buffer] = {}
         for k, (name, shape) in enumerate(plan.results):
             self.result_buffers.setdefault(name, self.ctx.buffer(len(plan.args) + k, shape))
-        self.last_stage = _last_stage(program)
-        # The graph being walked: the buffers its outputs go to, by (node id, result index),
-        # and the slots its nodes own.
-        self.redirect: dict[tuple[int, int], Buffer] = {}
-        self.owned: dict[int, Buffer] = {}
-        # Slots of the pre and post graphs whose values are dead, by shape: sequence-sized
-        # temporaries outside the loop are the big ones, so they are recycled.
-        self.free: dict[tuple, list[Buffer]] = {}
-        self.reusable: dict[tuple, list[Buffer]] | None = None
+        self.buffers = plan_buffers(self.schedule)
+        self.writers = result_writers(self.schedule)
+        # The graph being walked: its plan, the destinations of its outputs by name, and the
+        # slot of each plan buffer made so far (the program's, or a region's own).
+        self.graph_plan: GraphBuffers = self.buffers.pre
+        self.dests: Mapping[str, Buffer | None] = {}
+        self.slots: dict[int, Buffer] = {}
 
     def out(self, node: Node) -> Buffer:
-        """The buffer ``node`` is written into: its destination, a freed slot, or a new one."""
-        if (node.id, 0) in self.redirect:
-            return self.redirect[(node.id, 0)]
-        buf = self.out_slot(node.shape)
-        self.owned[node.id] = buf
-        return buf
+        """The buffer ``node`` is written into: its destination or its plan buffer's slot."""
+        return self.result((node.id, 0))
 
-    def out_slot(self, shape: tuple) -> Buffer:
-        """A freed slot of ``shape`` where the graph recycles them, else a new one."""
-        free = self.reusable.get(tuple(shape)) if self.reusable is not None else None
-        return free.pop() if free else self.ctx.slot(shape)
+    def result(self, key: tuple[int, int]) -> Buffer:
+        """The buffer result ``key`` (node, index) of the graph being walked is written into."""
+        plan = self.graph_plan
+        if key in plan.writes:
+            return self.dests[plan.writes[key]]
+        number = plan.buffers[key]
+        if number not in self.slots:
+            self.slots[number] = self.ctx.slot(plan.shape(number))
+        return self.slots[number]
 
-    def destination(self, name: str, stage: int) -> Buffer | None:
-        """The result buffer when this stage writes ``name`` last, else None."""
-        if self.last_stage.get(name) == stage and name in self.result_buffers:
+    def destination(self, name: str, stage: str) -> Buffer | None:
+        """The result buffer when ``stage`` writes ``name`` last, else None."""
+        if self.writers.get(name) == stage and name in self.result_buffers:
             return self.result_buffers[name]
         return None
 
     # -- graphs
-    def lower_graph(self, graph: GraphSteps, bound: Mapping[str, Buffer],
-                    dests: Mapping[str, Buffer | None], reuse: bool = False
-                    ) -> dict[str, Buffer]:
-        """Emit ``graph``; return the buffer of each output (``dests`` entries are honoured).
+    def lower_graph(self, graph: GraphSteps, plan: GraphBuffers, bound: Mapping[str, Buffer],
+                    dests: Mapping[str, Buffer | None]) -> dict[str, Buffer]:
+        """Emit ``graph`` with its buffer ``plan``; return the buffer of each output.
 
-        Earlier entries of ``dests`` claim their node first: a node that is two outputs
-        is written into the first destination and copied into the second. With ``reuse``,
-        a node's slot is recycled once its last user has been emitted.
+        ``dests`` gives the destination of each output the plan names in ``destinations``:
+        a node that is two outputs is written into the first's and copied into the second's.
         """
-        saved = self.ctx.nodes, self.redirect, self.reusable, self.owned
+        saved = self.ctx.nodes, self.graph_plan, self.dests
         self.ctx.nodes = {step.slot: step.node for step in graph.steps}
-        self.redirect, self.owned = _redirects(graph, self.ctx.nodes, dests), {}
-        self.reusable = self.free if reuse else None
-        values = self._emit_steps(graph, bound, reuse)
+        self.graph_plan, self.dests = plan, dests
+        values = self._emit_steps(graph, bound)
         out: dict[str, Buffer] = {}
         for name, output in graph.outputs.items():
             dest = dests.get(name)
-            if dest is not None:  # the loop's args are not written in its body
+            if name in plan.copies:  # settled: the loop's args are not written in its body
                 self.copy(dest, values[output.slot], graph is self.schedule.body
                           and self.ctx.nodes[output.slot].op is ARG)
             out[name] = values[output.slot] if dest is None else dest
-        if reuse:
-            kept = {output.slot for output in graph.outputs.values()}
-            for nid, buf in self.owned.items():
-                if nid not in kept:
-                    self.free.setdefault(tuple(buf.shape), []).append(buf)
-        self.ctx.nodes, self.redirect, self.reusable, self.owned = saved
+        self.ctx.nodes, self.graph_plan, self.dests = saved
         return out
 
-    def _emit_steps(self, graph: GraphSteps, bound: Mapping[str, Buffer], reuse: bool
-                    ) -> dict[int, Any]:
+    def _emit_steps(self, graph: GraphSteps, bound: Mapping[str, Buffer]) -> dict[int, Any]:
         """Emit every step an output of ``graph`` needs; the value (a buffer, or a fused
         node's tuple of buffers) of each, by node id."""
-        needed = _needed(graph)
+        needed = needed_nodes(graph)
         live = [step for step in graph.steps if step.slot in needed or step.op is ARG]
-        users = Counter(i for step in live for i in set(step.inputs))
-        gets = Counter((step.inputs[0], step.attrs["index"]) for step in live if step.op is GET)
-        kept = {output.slot for output in graph.outputs.values()}
         values: dict[int, Any] = {}
         # A product split by hidden units is emitted with its reader: (node, operands).
         readers = unit_readers(live, 2 * gemm.lanes(self.ctx)) \
@@ -159,22 +137,13 @@ class Lowering:
                 product = None if unit is None else (*deferred[unit[0]], values[unit[0]], unit[1])
                 values[step.slot] = self.lower_fused(step, operands, product)
             elif step.op is GET:
-                result = (step.inputs[0], step.attrs["index"])
-                values[step.slot] = operands[0][result[1]]
-                if result not in self.redirect and gets[result] == 1:
-                    # A fused result in a slot of its own: free once the get's users are done.
-                    self.owned[step.slot] = values[step.slot]
+                values[step.slot] = operands[0][step.attrs["index"]]
             else:
                 values[step.slot] = self.out(step.node)
                 if step.slot in deferred:
                     deferred[step.slot] = (step.node, operands)
                 else:
                     self.lower_node(step.node, values[step.slot], operands)
-            for i in set(step.inputs):
-                users[i] -= 1
-                if users[i] == 0 and i in self.owned and i not in kept and reuse:
-                    buf = self.owned.pop(i)
-                    self.free.setdefault(tuple(buf.shape), []).append(buf)
         return values
 
     def lower_fused(self, step: Step, operands: list[Buffer], unit: tuple | None = None
@@ -183,11 +152,13 @@ class Lowering:
         reductions have no common row shape; with ``unit`` (the product's node, operands and
         buffer, and the units of one gate), together with that product by hidden units."""
         region = step.region
-        bufs = [self.redirect.get((step.slot, k)) or self.out_slot(output.shape)
-                for k, output in enumerate(region.outputs.values())]
+        bufs = [self.result((step.slot, k)) for k in range(len(region.outputs))]
         if not fusible(region):
             bound = dict(zip(region.args, operands, strict=True))
-            self.lower_graph(region, bound, dict(zip(region.outputs, bufs, strict=True)))
+            saved, self.slots = self.slots, {}  # the region's buffers are its own
+            self.lower_graph(region, plan_graph(region, tuple(region.outputs)), bound,
+                             dict(zip(region.outputs, bufs, strict=True)))
+            self.slots = saved
             return tuple(bufs)
         arg_slots = {s.name: s.slot for s in region.steps if s.op is ARG}
         leaves = {arg_slots[name]: buf for name, buf in zip(region.args, operands, strict=True)}
@@ -273,12 +244,12 @@ class Lowering:
         """The LLVM IR text of the whole program."""
         schedule, ctx = self.schedule, self.ctx
         with self.main_only():
-            self.env.update(self.lower_graph(schedule.pre, self.env, {
-                n: self.destination(n, 1) for n in schedule.pre.outputs}, reuse=True))
+            self.env.update(self.lower_graph(schedule.pre, self.buffers.pre, self.env, {
+                n: self.destination(n, "pre") for n in schedule.pre.outputs}))
         self.lower_scan()
         with self.main_only():
-            self.env.update(self.lower_graph(schedule.post, self.env, {
-                n: self.destination(n, 3) for n in schedule.post.outputs}, reuse=True))
+            self.env.update(self.lower_graph(schedule.post, self.buffers.post, self.env, {
+                n: self.destination(n, "post") for n in schedule.post.outputs}))
             for name, buf in self.result_buffers.items():
                 ctx.copy(buf, self.env[name])
         ctx.builder.ret_void()
@@ -296,14 +267,16 @@ class Lowering:
         """The time loop: one step of the body per iteration, over double-buffered carries."""
         scan, ctx, b = self.schedule.scan, self.ctx, self.ctx.builder
         shape_of = {n: output.shape for n, output in self.schedule.body.outputs.items()}
-        stacked = {n: self.destination(n, 2) or ctx.slot(("T",) + shape_of[n])
+        stacked = {n: self.destination(n, "scan") or ctx.slot(("T",) + shape_of[n])
                    for n in scan.stacked}
-        summed = {n: self.destination(n, 2) or ctx.slot(shape_of[n]) for n in scan.summed}
+        summed = {n: self.destination(n, "scan") or ctx.slot(shape_of[n]) for n in scan.summed}
         with self.main_only():
             for buf in summed.values():
                 ctx.zero(buf)
-        slots = {c.name: self._carry_slots(self.env[c.init], shape_of[c.name])
-                 for c in scan.carries}
+        # Each carry's two buffers (the plan's double-buffering), the next one its step's
+        # destination.
+        slots = {c.name: self._carry_slots(self.env[c.init], c.shape)
+                 for c in self.buffers.carries}
         if self.team is not None:
             self.team.barrier()
 
@@ -328,7 +301,7 @@ class Lowering:
             self.splitting = ctx.one_thread = self.team is not None
             if self.team is not None:
                 self.team.start_step(i)
-            values = self.lower_graph(self.schedule.body, bound, dests)
+            values = self.lower_graph(self.schedule.body, self.buffers.body, bound, dests)
             for n in scan.summed:
                 self.split([values[n]], [summed[n]],
                            lambda i, o: emit_accumulate(ctx, o[0], i[0]))
@@ -345,7 +318,7 @@ class Lowering:
         with self.main_only():
             for c in scan.carries:
                 if c.final is not None:
-                    final = self.destination(c.final, 2) or ctx.slot(shape_of[c.name])
+                    final = self.destination(c.final, "scan") or ctx.slot(shape_of[c.name])
                     ctx.copy(final, carry(c.name, 0))
                     self.env[c.final] = final
 
@@ -360,31 +333,6 @@ class Lowering:
         ctx.builder.store(first.ptr, slots[0])
         ctx.builder.store(second.ptr, slots[1])
         return slots
-
-
-def _redirects(graph: GraphSteps, nodes: Mapping[int, Node],
-               dests: Mapping[str, Buffer | None]) -> dict[tuple[int, int], Buffer]:
-    """The destination of each node result that is an output of ``graph`` with one, by
-    (node id, result index); the first output claims a result, and args keep their own."""
-    redirect: dict[tuple[int, int], Buffer] = {}
-    for name, dest in dests.items():
-        output = graph.outputs[name]
-        if dest is not None and nodes[output.slot].op is not ARG:
-            redirect.setdefault(output.source, dest)
-    return redirect
-
-
-def _needed(graph: GraphSteps) -> set[int]:
-    """The nodes some output of ``graph`` depends on: one walk from all outputs at once."""
-    inputs = {step.slot: step.inputs for step in graph.steps}
-    needed: set[int] = set()
-    stack = [output.slot for output in graph.outputs.values()]
-    while stack:
-        nid = stack.pop()
-        if nid not in needed:
-            needed.add(nid)
-            stack.extend(inputs[nid])
-    return needed
 
 
 def lower(program: Program, convention: Convention, team: bool = False,

@@ -10,15 +10,19 @@ results. Every result is compared with the unoptimized oracle.
 from __future__ import annotations
 
 import cProfile
+import math
 import pstats
+import sys
 import threading
-import tracemalloc
+import time
+from functools import partial
 
 import numpy as np
 import pytest
 
 import rnnc
 from rnnc.backends.cuda import plan as plan_module
+from rnnc.backends.cuda.graphs import GRAPH_STEPS, EmulatedGraph, Replay
 
 SIZES = (3, 4)
 
@@ -192,23 +196,47 @@ def test_training_steps_copy_nothing_after_the_first(name: str, reverse: bool,
         assert "copy" not in plan.per_step(step), (step, plan.per_step(step))
 
 
+def _own_bytes(root) -> int:
+    """The host bytes of the objects reachable from ``root``, each counted once: containers,
+    calls and their arguments, per-step records. An array counts as its object only (its data
+    is device memory on a GPU), a kernel or NumPy function as itself (code that plans share).
+    Counted object by object: tracemalloc would also count the tuples that CPython's free
+    lists keep after many have been made and dropped."""
+    seen: set[int] = set()
+    stack, total = [root], 0
+    while stack:
+        value = stack.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if isinstance(value, np.ndarray):
+            total += object.__sizeof__(value)
+            continue
+        total += sys.getsizeof(value)
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list | tuple | set):
+            stack.extend(value)
+        elif isinstance(value, partial):
+            stack.extend((value.func, value.args, value.keywords))
+        elif isinstance(value, plan_module.Plan | plan_module.Loop | plan_module.StepCall |
+                        plan_module.PerStep | plan_module.Entry):
+            for cls in type(value).__mro__:
+                stack.extend(getattr(value, name) for name in getattr(cls, "__slots__", ())
+                             if hasattr(value, name))
+            stack.extend(getattr(value, "__dict__", {}).values())
+    return total
+
+
 def _plan_bytes(runner, steps: int) -> tuple[int, plan_module.Plan]:
-    """The host bytes (array data left out) that building ``runner``'s plan for ``steps``
-    steps allocates and keeps, and the plan; the runner has a plan of two steps already."""
+    """The host bytes of ``runner``'s plan for ``steps`` steps (:func:`_own_bytes`), and the
+    plan; the runner has a plan of two steps already."""
     ((_, batch, *inputs),) = runner.plans.plans  # the shape key of that plan (T = 2)
     arrays = {name: np.zeros((steps,) + shape[1:] if shape[:1] == (2,) else shape, dtype)
               for name, shape, dtype in inputs}
-    tracemalloc.start()
-    try:
-        before = tracemalloc.take_snapshot()
-        plan = runner.host.plan(arrays, {"T": steps, "B": batch})
-        after = tracemalloc.take_snapshot()
-    finally:
-        tracemalloc.stop()
-    # NumPy traces array data in its own domain: the (T, ...) buffers may grow with T.
-    objects = [tracemalloc.DomainFilter(False, np.lib.tracemalloc_domain)]
-    grown = after.filter_traces(objects).compare_to(before.filter_traces(objects), "filename")
-    return sum(stat.size_diff for stat in grown), plan
+    plan = runner.host.plan(arrays, {"T": steps, "B": batch})
+    return _own_bytes(plan), plan
 
 
 @pytest.mark.parametrize("mode", ["inference", "forward", "backward"])
@@ -251,3 +279,90 @@ def test_the_first_and_last_steps_of_short_loops_match_the_oracle(reverse: bool)
         for key in want_grads.params:
             np.testing.assert_allclose(grads.params[key], want_grads.params[key], rtol=1e-4,
                                        atol=1e-5, err_msg=f"T={T} {key}")
+
+
+def _lstm_runner(mode: str = "inference", reverse: bool = False):
+    """An LSTM function (GEMM path) and its runner of ``mode``, with a plan of T = 2."""
+    cell = rnnc.cells.lstm(*SIZES)
+    fn = rnnc.compile(cell, backend="cuda", emulate=True, reverse=reverse, fused_step="never")
+    x, p = _inputs(cell, T=2, B=5)
+    got, _, tape = fn.forward(x, p)
+    fn(x, p)
+    return cell, fn, _runner(fn, mode)
+
+
+def test_a_long_plan_is_built_as_fast_as_a_short_one() -> None:
+    """A plan of 10**5 steps records as many calls as one of 10**3 (one step's, once), so
+    building it costs about the same: no work per step."""
+    _, _, runner = _lstm_runner()
+    _plan_bytes(runner, 10**3)  # warm up
+    seconds = {}
+    for steps in (10**3, 10**5):
+        start = time.perf_counter()
+        _, plan = _plan_bytes(runner, steps)
+        seconds[steps] = time.perf_counter() - start
+        assert plan.loop is not None and plan.loop.steps == steps
+        calls = (len(plan.calls), len(plan.loop.calls))
+        if steps == 10**3:
+            short_calls = calls
+    assert calls == short_calls
+    assert seconds[10**5] < 5 * seconds[10**3] + 0.5, seconds
+
+
+class _Counted(EmulatedGraph):
+    """An emulated graph that counts its launches and makes no call (sizes only)."""
+
+    launches = 0
+
+    def launch(self) -> None:
+        _Counted.launches += 1
+
+
+def _graph_bytes(replay: Replay) -> int:
+    """The host bytes the graphs of ``replay`` hold (:func:`_own_bytes` of their nodes)."""
+    return _own_bytes([graph.nodes for graph in replay.graphs()])
+
+
+@pytest.mark.parametrize("mode", ["inference", "forward"])
+def test_graphs_of_a_long_loop_hold_k_steps_whatever_t(mode: str) -> None:
+    """A loop longer than GRAPH_STEPS replays a graph of GRAPH_STEPS steps T / GRAPH_STEPS
+    times: its graphs (before the loop, the first span, the middle spans, the last span,
+    after the loop) keep no more host memory at T = 10**5 than at 10**3."""
+    _, _, runner = _lstm_runner(mode)
+    for steps in (10**3, 10**5):
+        _Counted.launches = 0
+        _, plan = _plan_bytes(runner, steps)
+        replay = Replay(plan, _Counted)
+        replay()
+        size = _graph_bytes(replay)
+        spans = math.ceil(steps / GRAPH_STEPS)
+        assert replay.whole is None and len(replay.spans) <= 3
+        assert _Counted.launches == spans + sum(g is not None for g in replay.around)
+        per_step = sum(replay.plan.per_step(1).values())
+        assert all(len(g.nodes) <= GRAPH_STEPS * (per_step + 1) for g in replay.spans.values())
+        if steps == 10**3:
+            short = size
+    assert 0 < size <= 1.1 * short, (short, size)
+
+
+@pytest.mark.parametrize("mode, reverse", [("inference", False), ("forward", True)])
+def test_spans_of_graphs_replay_the_plan_s_results(mode: str, reverse: bool) -> None:
+    """Graphs of 4 steps replayed over 11 steps (a first, a middle and a shorter last span),
+    re-pointed at each span and again at the next call's: the oracle's results."""
+    cell, fn, runner = _lstm_runner(mode, reverse)
+    oracle = rnnc.compile(cell, optimize=False, reverse=reverse)
+    replay = None
+    for seed in (1, 2):
+        x, p = _inputs(cell, T=11, B=3, seed=seed)
+        fn(x, p) if mode == "inference" else fn.forward(x, p)  # fills the plan's inputs
+        plan = next(plan for key, plan in runner.plans.plans.items() if key[:2] == (11, 3))
+        for value in plan.results.values():
+            value.fill(np.nan)
+        replay = replay or Replay(plan, EmulatedGraph, steps=4)
+        replay()
+        assert len(replay.spans) == (2 if mode == "inference" else 3) and replay.whole is None
+        want, want_finals = oracle(x, p)
+        np.testing.assert_allclose(plan.results["y"], want["y"], rtol=1e-5, atol=1e-6)
+        for name in ("h", "c"):
+            np.testing.assert_allclose(plan.results[f"{name}.final"], want_finals[name],
+                                       rtol=1e-5, atol=1e-6)
