@@ -8,6 +8,7 @@ matrix straight from the buffer and each user parameter is a strided view of it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +29,8 @@ class Block:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape))
+        # math.prod, not np.prod: block_views reads it per block on every call.
+        return math.prod(self.shape)
 
 
 class Layout:

@@ -8,6 +8,7 @@ copied (inputs are never written, so a copy is safe). ``docs/inputs.md`` lists t
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Mapping
@@ -245,8 +246,10 @@ def mask(lens: np.ndarray, T: int, dtype: str) -> np.ndarray:
     return (np.arange(T)[:, None] < lens[None, :]).astype(_np(dtype))[:, :, None]
 
 
+@functools.cache
 def physical_memory() -> int | None:
-    """This machine's memory in bytes, or None where the platform does not say."""
+    """This machine's memory in bytes, or None where the platform does not say (asked once:
+    every call checks its new arrays against it)."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):

@@ -71,6 +71,13 @@ class Region:
         # (node, ids of index values) -> (value, index); the index is kept so that no id is
         # reused by a new index value while its key is in the memo.
         self.memo: dict[tuple, tuple[ir.Value, tuple]] = {}
+        # id of a column index value -> (the value, lo, hi): the index lies in [lo, hi).
+        # A layout node read at such a column reads only the piece holding that range.
+        self.ranges: dict[int, tuple[ir.Value, int, int]] = {}
+
+    def known_range(self, value: ir.Value, lo: int, hi: int) -> None:
+        """Record that the column index ``value`` lies in ``[lo, hi)``."""
+        self.ranges[id(value)] = (value, lo, hi)
 
     @staticmethod
     def _key(nid: int, index: tuple) -> tuple:
@@ -122,6 +129,11 @@ class Region:
         shapes = [self.nodes[src].shape for src in node.inputs]
         pieces = [p for p in node.op.pieces(*(s[-1] for s in shapes), **node.attrs)
                   if p.start < p.stop]
+        known = self.ranges.get(id(j))
+        if known is not None:
+            direct = self._one_piece(node, index, pieces, shapes, known[1], known[2])
+            if direct is not None:
+                return direct
         reads: list[tuple[int, tuple]] = []
         arms: list[int | None] = []  # per piece: its position in reads, or None for 0.0
         for piece in pieces:
@@ -152,6 +164,28 @@ class Region:
             return result
 
         return reads, select
+
+    def _one_piece(self, node: Node, index: tuple, pieces: list[ops.Piece], shapes: list,
+                   lo: int, hi: int) -> Reads | None:
+        """The reads of a layout node at a column known to lie in ``[lo, hi)``, when one plain
+        piece (or a piece of zeros) holds that whole range: no select, no clamp. None when the
+        range crosses pieces or the piece spreads or skips columns."""
+        inside = [p for p in pieces if p.start <= lo and hi <= p.stop]
+        if not inside:
+            return None
+        piece = inside[0]
+        if piece.operand is None:
+            zero = ir.Constant(self.k.ctx.scalar, 0.0)
+            return [], lambda _: zero
+        if piece.scale != 1 or piece.div != 1:
+            return None
+        lead, j = index[:-1], index[-1]
+        shape = shapes[piece.operand]
+        column = self._numerator(j, piece)
+        self.known_range(column, lo + piece.offset, hi + piece.offset)
+        read = (node.inputs[piece.operand],
+                broadcast_index(lead, node.shape[:-1], shape[:-1]) + (column,))
+        return [read], lambda values: values[0]
 
     def _numerator(self, j: ir.Value, piece: ops.Piece) -> ir.Value:
         """``scale * j + offset``: the operand column times ``div``."""
@@ -201,6 +235,39 @@ def _span_columns(kernel: Kernel, width: int, units: int, index: tuple,
                   lambda j: body(index + (j,)))
 
 
+def _column_cuts(nodes: Mapping[int, Node], shape: Shape) -> list[int]:
+    """The column boundaries ``0 = c0 < c1 < ... = width`` of a loop over ``shape``'s last
+    axis at which some layout node of the region as wide as it changes piece (just ``0`` and
+    the width when none does); [] when the width is not a number.
+
+    A column loop cut there runs each range with every such piece known, so a gate's
+    gradient written into its columns of the concatenated gates (backward's pads) is
+    computed only at its own columns, in a loop that vectorizes, instead of every gate's
+    at every column and a select."""
+    width = shape[-1] if shape else None
+    if not isinstance(width, int):
+        return []
+    cuts = {0, width}
+    for node in nodes.values():
+        if node.op.kind is ops.OpKind.LAYOUT and node.shape and node.shape[-1] == width:
+            widths = [nodes[src].shape[-1] if src in nodes else None for src in node.inputs]
+            if any(not isinstance(w, int) for w in widths):
+                continue
+            cuts.update(p.start for p in node.op.pieces(*widths, **node.attrs))
+    return sorted(c for c in cuts if 0 <= c <= width)
+
+
+def _cut_columns(kernel: Kernel, region: Region, cuts: list[int], index: tuple,
+                 body: Callable[[tuple], None]) -> None:
+    """``body`` at every column, one loop per range between ``cuts``, each range known to
+    the region."""
+    for lo, hi in zip(cuts, cuts[1:], strict=False):
+        def at(j: ir.Value, lo: int = lo, hi: int = hi) -> None:
+            region.known_range(j, lo, hi)
+            body(index + (j,))
+        emit_loop(kernel.builder, ir.Constant(I64, lo), ir.Constant(I64, hi), 1, at)
+
+
 def emit_region(ctx: Context, nodes: Mapping[int, Node], leaves: dict[int, Buffer],
                 outputs: dict[int, Buffer], name: str, span: Span | None = None) -> None:
     """Compute ``outputs`` (node id -> destination) of a region of ``nodes`` from its
@@ -224,7 +291,13 @@ def emit_region(ctx: Context, nodes: Mapping[int, Node], leaves: dict[int, Buffe
                 kernel.store(len(leaf_ids) + pos, index, region.value(nid, index))
 
         if span is None:
-            kernel.nest(shape, body)
+            cuts = _column_cuts(nodes, shape)
+            if not cuts:
+                kernel.nest(shape, body)
+                kernel.finish()
+                continue
+            kernel.nest(shape[:-1], lambda index, kernel=kernel, cuts=cuts, body=body,
+                        region=region: _cut_columns(kernel, region, cuts, index, body))
             kernel.finish()
             continue
         kernel.nest(shape[:-1], lambda index, kernel=kernel, width=shape[-1], body=body:

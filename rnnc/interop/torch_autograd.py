@@ -35,13 +35,20 @@ def apply(module: TorchRNN, lengths: np.ndarray | None, seed: int | None, x: tor
     parameters in ``_flat_parameters`` order; ``extras`` the cell's extra inputs in
     ``module.extra_names`` order.
     """
-    return _Apply.apply(module, lengths, seed, _Box(), x, *states, *extras, *params)
+    box = _Box()
+    # Under torch.no_grad (or inference_mode) nothing can call backward: the layer runs its
+    # inference programs, which write no tape. (Grad mode is off inside forward itself, so
+    # it is read here.)
+    box.train = torch.is_grad_enabled()
+    return _Apply.apply(module, lengths, seed, box, x, *states, *extras, *params)
 
 
 class _Box:
-    """Carries the layer's tape from ``_Apply.forward`` to ``setup_context`` (not a tensor)."""
+    """Carries the layer's tape from ``_Apply.forward`` to ``setup_context`` (not a tensor),
+    and whether the forward records one."""
 
     tape: Any = None
+    train: bool = True
 
 
 class _Apply(torch.autograd.Function):
@@ -67,12 +74,13 @@ class _Apply(torch.autograd.Function):
             grid = side.params(module, tensors[ns + ne:])
             x_in = side.array(x, "x")
             y, final, box.tape = module.layer.forward(
-                x_in, lengths, states, train=True, params=grid, rng=rng,
+                x_in, lengths, states, train=box.train, params=grid, rng=rng,
                 apply_dropout=dropout, extra=extra, seed=seed)
             # A result may be a value the tape saved (a cell's output that its derivative
             # reads) or an input (an output that is the input): the caller may change it in
             # place, as nn.LSTM's, so it gets its own memory there, and only there.
-            held = [x_in, *states.values(), *extra.values(), *box.tape.arrays()]
+            saved = box.tape.arrays() if box.tape is not None else ()
+            held = [x_in, *states.values(), *extra.values(), *saved]
             return (side.output(y, x, held), *(side.output(final[n], x, held) for n in names))
 
     @staticmethod

@@ -253,3 +253,42 @@ def test_extra_inputs_with_packed_sequence():
     want, _, _ = ours.layer.forward(x.numpy(), lengths.numpy(), params=grid, train=False,
                                     extra={"u": u.numpy()})
     torch.testing.assert_close(got, torch.from_numpy(want), rtol=0, atol=0)
+
+
+def test_no_grad_forward_runs_inference_and_matches_torch(monkeypatch):
+    """Under torch.no_grad the layer runs without a tape (nothing can call backward), with
+    grad mode on it records one; the results match nn.LSTM's either way, and dropout between
+    layers still applies in training mode, as in torch."""
+    torch.manual_seed(0)
+    ref = nn.LSTM(I, H, num_layers=2, bidirectional=True)
+    ours = rt.RNN("lstm", I, H, num_layers=2, bidirectional=True)
+    ours.load_state_dict(ref.state_dict())
+    ref.eval(), ours.eval()
+    modes = []
+    forward = ours.layer.forward
+
+    def spy(*args, **kwargs):
+        modes.append(kwargs["train"])
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(ours.layer, "forward", spy)
+    x = torch.randn(T, B, I)
+    with torch.no_grad():
+        y, (h, c) = ours(x)
+        want, (want_h, want_c) = ref(x)
+    with torch.inference_mode():
+        y_inference = ours(x)[0]
+    y_grad = ours(x)[0]
+    assert modes == [False, False, True]
+    for got, expected in ((y, want), (h, want_h), (c, want_c), (y_inference, want),
+                          (y_grad, want)):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+    ours.train()
+    ours.dropout = 0.5
+    torch.manual_seed(1)
+    with torch.no_grad():
+        dropped = ours(x)[0]
+    torch.manual_seed(1)
+    assert not torch.allclose(dropped, want)
+    torch.testing.assert_close(dropped, ours(x)[0].detach(), rtol=1e-5, atol=1e-6)
