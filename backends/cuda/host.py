@@ -42,6 +42,7 @@ from rnnc.backends.cuda.plan import (
     at_step,
 )
 from rnnc.backends.cuda.scan import chunked_geometry
+from rnnc.backends.schedule import CudaSchedule
 from rnnc.backends.steps import GraphSteps, ProgramSteps, resolve
 from rnnc.ir import ARG, GET, Shape
 
@@ -119,8 +120,10 @@ class Host:
 
     def __init__(self, xp: Any, schedule: ProgramSteps, module: Module,
                  kernels: Mapping[str, Any], fused: bool = True,
-                 persistent: PersistentLaunch | None = None) -> None:
+                 persistent: PersistentLaunch | None = None,
+                 how: CudaSchedule | None = None) -> None:
         self.xp = xp
+        self.how = how or CudaSchedule()  # when a linear_scan takes its chunked kernel
         self.persistent = persistent
         self.schedule = schedule
         self.kernels = kernels
@@ -195,7 +198,7 @@ class Host:
             kernel, grid, block = step.kernel, min((total + BLOCK - 1) // BLOCK, MAX_BLOCKS), BLOCK
             # A linear_scan: its chunked kernel where these sizes favour it (scan.py).
             chunked = step.chunked and chunked_geometry(int(size_args[0]),
-                                                        int(np.prod(outs[0].shape[1:])))
+                                                        int(np.prod(outs[0].shape[1:])), self.how)
             if chunked:
                 kernel, (grid, block) = step.chunked, chunked
             args = tuple(vals[i] for i in step.inputs) + tuple(outs) + size_args

@@ -47,6 +47,7 @@ Where a module has barrier kernels, emulation loads it through :mod:`.mixed`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Hashable, Mapping
 from typing import Any
@@ -63,6 +64,7 @@ from rnnc.backends.cuda.fused_step import check_mode
 from rnnc.backends.cuda.host import Host
 from rnnc.backends.cuda.persistent import PersistentLaunch, resident_blocks
 from rnnc.backends.cuda.plan import Plan, Plans, shape_key
+from rnnc.backends.schedule import CudaSchedule, given
 from rnnc.backends.steps import ProgramSteps, program_steps
 from rnnc.errors import BackendUnavailable, RnncValueError
 from rnnc.ir import Program
@@ -70,6 +72,10 @@ from rnnc.ir import Program
 UNAVAILABLE = ("backend 'cuda' needs CuPy and an NVIDIA GPU: {why}. Pass emulate=True "
                "(rnnc.compile(cell, backend='cuda', emulate=True)) to run the same host code "
                "and generated kernels on the CPU.")
+
+
+# The fixed fused_step of each path a runner may launch: autotune's candidate schedules.
+FUSED_STEPS = {"gemm": "never", "fused": "always", "persistent": "persistent"}
 
 
 def load_cupy() -> Any:
@@ -93,15 +99,20 @@ class CudaBackend:
 
     name = "cuda"
 
-    def __init__(self, emulate: bool = False, graph: bool = True, precision: str = "highest",
-                 fused_step: str = "auto", **options: Any) -> None:
+    def __init__(self, emulate: bool = False, graph: bool = True, precision: str | None = None,
+                 fused_step: str | None = None, schedule: CudaSchedule | None = None,
+                 **options: Any) -> None:
         if options:
-            raise RnncValueError(f"backend 'cuda' takes emulate=, graph=, precision= and "
-                                 f"fused_step=, got {sorted(options)}")
+            raise RnncValueError(f"backend 'cuda' takes emulate=, graph=, precision=, "
+                                 f"fused_step= and schedule=, got {sorted(options)}")
         self.emulate = bool(emulate)
         self.graph = bool(graph)
-        self.precision = precision_module.check(precision)
-        self.fused_step = check_mode(fused_step)
+        asked = given(schedule, CudaSchedule, self.name).merged({
+            "precision": None if precision is None else precision_module.check(precision),
+            "fused_step": None if fused_step is None else check_mode(fused_step)})
+        # What every program of this backend starts from (schedule() derives a program's).
+        self.base_schedule = dataclasses.replace(asked, precision=asked.precision or "highest",
+                                                 fused_step=asked.fused_step or "auto")
         self.cupy = None if self.emulate else load_cupy()
         # Device calls (docs/device-calls.md): how the API adopts and makes device arrays.
         self.device = CudaDevice(self.xp, self.emulate)
@@ -134,9 +145,21 @@ class CudaBackend:
         return self.cupy.RawModule(code=source, options=("--std=c++17",),
                                    enable_cooperative_groups=True)
 
+    def schedule(self, program: Program, mode: str) -> CudaSchedule:
+        """How ``program``, the program of ``mode``, runs: the backend's schedule, with the
+        GEMM path (``fused_step="never"``) where TF32 is asked of a float32 program (the fused
+        kernel computes its product in full float32) and for a backward program (its steps
+        keep their GEMMs, .fused_step). ``fused_step="auto"`` is resolved per shape on a GPU,
+        by timing the schedules with each fixed path (:mod:`.autotune`)."""
+        base = self.base_schedule
+        tf32 = base.precision == "tf32" and program.dtype == "f32"
+        return dataclasses.replace(base, fused_step="never") \
+            if tf32 or is_backward(mode) else base
+
     def build(self, program: Program, mode: str) -> Runner:
-        """A callable ``(env, dims) -> results`` for ``program``, the program of ``mode``."""
-        return Runner(self, program, mode)
+        """A callable ``(env, dims) -> results`` for ``program``, the program of ``mode``, run
+        as :meth:`schedule` says."""
+        return Runner(self, program, self.schedule(program, mode))
 
 
 class Runner:
@@ -148,22 +171,21 @@ class Runner:
     ``fused_step="auto"`` chose for each shape on a GPU and ``runner.tunings`` how
     (:mod:`.autotune`)."""
 
-    def __init__(self, backend: CudaBackend, program: Program, mode: str) -> None:
+    def __init__(self, backend: CudaBackend, program: Program, how: CudaSchedule) -> None:
         schedule = program_steps(program)
         self.backend = backend
+        self.schedule = how
         self.dtype = schedule.numpy_dtype
-        # TF32 GEMMs (backends/cuda/precision.py): float32 programs only. The fused kernel
-        # computes its product in full float32, so TF32 keeps the GEMM path.
-        self.tf32 = backend.precision == "tf32" and self.dtype == np.float32
-        # A backward program's steps keep their GEMMs (.fused_step).
-        mode = "never" if self.tf32 or is_backward(mode) else backend.fused_step
+        # TF32 GEMMs (backends/cuda/precision.py): float32 programs only.
+        self.tf32 = how.precision == "tf32" and self.dtype == np.float32
+        mode = how.fused_step
         module = render(schedule, fused_step=mode)
         self.source = module.source
         self.xp = backend.xp
         self.loaded = backend.load(module.source, module.kernels, module.barriers)
         kernels = {name: self.loaded.get_function(name) for name in module.kernels}
         xp = precision_module.Tf32Numpy() if self.tf32 and backend.cupy is None else self.xp
-        self.hosts = _hosts(xp, schedule, module, kernels)
+        self.hosts = _hosts(xp, schedule, module, kernels, how)
         self.host = self.hosts.get("fused", self.hosts.get("gemm"))
         # The persistent path: asked for, or timed beside the others by "auto" on a GPU.
         persistent = module.persistent
@@ -171,16 +193,21 @@ class Runner:
                                        (mode == "auto" and backend.cupy is not None)):
             function = backend.load_cooperative(persistent.source, [persistent.kernel]) \
                 .get_function(persistent.kernel)
-            launch = PersistentLaunch(persistent, function, resident_blocks(
-                backend.cupy, function, persistent.tile.threads))
-            self.hosts["persistent"] = Host(xp, schedule, module, kernels, True, launch)
+            resident = resident_blocks(backend.cupy, function, persistent.tile.threads)
+            if how.persistent_max_blocks:
+                resident = min(resident, how.persistent_max_blocks)
+            launch = PersistentLaunch(persistent, function, resident)
+            self.hosts["persistent"] = Host(xp, schedule, module, kernels, True, launch, how)
             if mode == "persistent":
                 self.host = self.hosts["persistent"]
         self.timed = mode == "auto" and backend.cupy is not None and len(self.hosts) >= 2
         self.paths: dict[Hashable, str] = {}
         self.tunings: dict[Hashable, autotune.Tuning] = {}
-        # What a tuning choice on disk is valid for: every kernel this runner may launch.
-        kernels = module.source + (persistent.source if persistent is not None else "")
+        self.schedules: dict[Hashable, CudaSchedule] = {}  # what "auto" chose, per shape
+        # What a tuning choice on disk is valid for: every kernel this runner may launch and
+        # the schedule it searched from, every field included.
+        kernels = module.source + (persistent.source if persistent is not None else "") \
+            + how.key(per_call=True)
         self.fingerprint = hashlib.sha256(kernels.encode()).hexdigest()
         self.plans = Plans()
         self.transfers = {"to_device": 0, "to_host": 0}
@@ -233,10 +260,14 @@ class Runner:
             cupy = self.backend.cupy
             device = autotune.device_identity(cupy)
             cache = None if device is None else autotune.TuningCache(device, self.fingerprint)
+            # The search space: the runner's schedule with each path its hosts can launch.
+            candidates = {name: dataclasses.replace(self.schedule, fused_step=FUSED_STEPS[name])
+                          for name in sorted(self.hosts, key=lambda name: (name != "gemm", name))}
             plan, tuning = autotune.choose(
                 cupy, self._stream, key, env, lambda name: self._path_plan(name, inputs(), dims),
-                sorted(self.hosts, key=lambda name: (name != "gemm", name)), cache)
+                list(candidates), cache)
             self.paths[key], self.tunings[key] = tuning.path, tuning
+            self.schedules[key] = candidates[tuning.path]
             return plan
         if path is None:
             path = next(name for name, host in self.hosts.items() if host is self.host)
@@ -350,15 +381,15 @@ class Runner:
         return stream.end_capture()
 
 
-def _hosts(xp: Any, schedule: ProgramSteps, module: Module, kernels: Mapping[str, Any]
-           ) -> dict[str, Host]:
+def _hosts(xp: Any, schedule: ProgramSteps, module: Module, kernels: Mapping[str, Any],
+           how: CudaSchedule) -> dict[str, Host]:
     """A host per path ``module`` renders: "fused" (its steps hold a fused step) and "gemm"
     (no fused step, or the GEMM body ``fused_step="auto"`` keeps beside it)."""
     hosts = {}
     if module.fused:
-        hosts["fused"] = Host(xp, schedule, module, kernels, fused=True)
+        hosts["fused"] = Host(xp, schedule, module, kernels, True, None, how)
     if not module.fused or module.gemm_body is not None:
-        hosts["gemm"] = Host(xp, schedule, module, kernels, fused=False)
+        hosts["gemm"] = Host(xp, schedule, module, kernels, False, None, how)
     return hosts
 
 

@@ -41,8 +41,8 @@ a ``(T, B, 1)`` mask), read by :func:`_read`; a constant operand is a literal in
 ``last_step`` copies one step's slice.
 
 The geometry (``COLUMNS``, ``CHUNKS``) and the thresholds of the choice
-(``CHUNKED_MAX_COLUMNS``, ``CHUNKED_MIN_STEPS``) are untuned: chosen from the shape of the
-work, not yet measured on a GPU.
+(``CudaSchedule.scan_chunked_max_columns``, ``.scan_chunked_min_steps``) are untuned: chosen
+from the shape of the work, not yet measured on a GPU.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from collections.abc import Mapping
 from rnnc import ops
 from rnnc.backends.cuda.kernels import product
 from rnnc.backends.cuda.rules import CudaRenderer
+from rnnc.backends.schedule import CudaSchedule
 from rnnc.backends.steps import Step
 from rnnc.ir import Node, Shape
 
@@ -61,11 +62,6 @@ from rnnc.ir import Node, Shape
 # 2 x 1024 values (16 KiB in float64).
 COLUMNS = 32
 CHUNKS = 32
-# Untuned until measured on a GPU. From 32 Ki columns on, the columns' own threads fill an
-# H100 far enough that a second read of A and Bv costs more than the shorter chain gains; below
-# 2 steps per chunk the barriers and the second pass outweigh the chain they shorten.
-CHUNKED_MAX_COLUMNS = 32 * 1024
-CHUNKED_MIN_STEPS = 2 * CHUNKS
 
 _GRID_LOOP = [
     "    const long long stride = (long long)gridDim.x * blockDim.x;",
@@ -74,11 +70,14 @@ _GRID_LOOP = [
 ]
 
 
-def chunked_geometry(steps: int, columns: int) -> tuple[int, int] | None:
+def chunked_geometry(steps: int, columns: int, schedule: CudaSchedule | None = None
+                     ) -> tuple[int, int] | None:
     """The (grid, block) of the chunked ``linear_scan`` kernel for ``steps`` steps of
     ``columns`` columns (batch rows x features), or None where one thread per column is the
-    better form: many columns, or few steps."""
-    if columns >= CHUNKED_MAX_COLUMNS or steps < CHUNKED_MIN_STEPS or columns <= 0:
+    better form, as ``schedule`` (None: the defaults) says: many columns, or few steps."""
+    schedule = schedule or CudaSchedule()
+    if columns >= schedule.scan_chunked_max_columns or columns <= 0 \
+            or steps < schedule.scan_chunked_min_steps:
         return None
     return -(-columns // COLUMNS), COLUMNS * CHUNKS
 

@@ -1,8 +1,8 @@
 """``linear_scan`` split over its steps across a thread team: reduce, then scan.
 
 A team build (:mod:`rnnc.backends.llvm.team`) splits a ``linear_scan`` by columns when each
-thread's columns of one step fill a page (``runtime.SCAN_THREAD_MIN_BYTES``); a narrower scan
-(``B = 1, H = 512`` in float32 is 2 KiB a step) is split over its steps instead, one chunk of
+thread's columns of one step fill a page (``LlvmSchedule.scan_thread_min_bytes``); a narrower
+scan (``B = 1, H = 512`` in float32 is 2 KiB a step) is split over its steps instead, one chunk of
 consecutive steps per thread, in scan order (from the last step when reversed): thread ``k``
 owns the steps ``[S_k, S_k+1)``, ``S_0 = 0``, ``S_N = T``.
 
