@@ -153,6 +153,22 @@ class LlvmSchedule(Schedule):
                   "scan_chunk_min_steps", "scan_chunk_min_work", "panel_max_work",
                   "one_core_panel_max_work")
 
+    def for_build(self, team: bool) -> LlvmSchedule:
+        """The schedule as one build reads it, every other field at its default, so that
+        backends whose schedules differ only elsewhere share code: the team build (``team``)
+        or the one-thread build, which reads ``threads`` only as whether it is 1."""
+        default = LlvmSchedule()
+        read = {"precision": self.precision, "one_core_panel_max_work":
+                self.one_core_panel_max_work}
+        if team:
+            read.update(team_split=self.team_split,
+                        scan_thread_min_bytes=self.scan_thread_min_bytes,
+                        scan_chunk_min_steps=self.scan_chunk_min_steps)
+        else:
+            read.update(threads=1 if self.threads == 1 else default.threads,
+                        panel_max_work=self.panel_max_work)
+        return dataclasses.replace(default, **read)
+
     def own_max_work(self, one_core: bool) -> int:
         """The panel kernel's limit in a build whose BLAS calls run on one core or not."""
         return self.one_core_panel_max_work if one_core else self.panel_max_work

@@ -72,9 +72,11 @@ class Lowering:
         self.ctx.own_max_work = schedule.own_max_work(team or schedule.threads == 1)
         # A team build splits the nodes of the step body between threads while ``splitting``,
         # and a linear_scan outside it by columns, or over its steps below the schedule's
-        # limits (bytes of a thread's columns, steps a thread).
-        self.team = Team(self.ctx, (schedule.scan_thread_min_bytes,
-                                    schedule.scan_chunk_min_steps)) if team else None
+        # limits (bytes of a thread's columns, steps a thread); no limit in bytes: by columns
+        # always, and the split over steps is not compiled in.
+        limits = (schedule.scan_thread_min_bytes, schedule.scan_chunk_min_steps) \
+            if schedule.scan_thread_min_bytes else None
+        self.team = Team(self.ctx, limits) if team else None
         self.splitting = False
         # Split a gated cell's step by hidden units (split.unit_readers).
         self.units = schedule.team_split == "units"

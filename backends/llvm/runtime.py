@@ -288,11 +288,12 @@ class LlvmBackend:
         fits = lambda plan: cache.plan_fits(plan, program)  # noqa: E731
 
         def compiled(team: bool) -> cache.Compiled:
-            # The key hashes what lowering reads: the schedule's compiled fields and the build.
+            # The key hashes what lowering reads: the build and the schedule as it reads it.
+            built = schedule.for_build(team)
             k = cache.key(identity, program.dtype, self.blas.convention,
-                          schedule.key() + (":team" if team else ""))
+                          built.key() + (":team" if team else ""))
             return self.cache.get(k, identity, lambda: codegen.lower(
-                program, self.blas.convention, schedule, team), fits)
+                program, self.blas.convention, built, team), fits)
 
         team, work, scans = None, split.team_work(program), split.scan_work(program)
         if schedule.team and schedule.threads > 1 and (work or scans[0]):

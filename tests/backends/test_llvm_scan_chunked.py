@@ -25,6 +25,7 @@ pytest.importorskip("llvmlite")
 import rnnc  # noqa: E402
 from rnnc import ops  # noqa: E402
 from rnnc.backends.llvm import codegen, runtime, scan_chunks, split  # noqa: E402
+from rnnc.backends.schedule import LlvmSchedule  # noqa: E402
 from rnnc.backends.steps import program_steps  # noqa: E402
 from tests.backends import scan_cells  # noqa: E402
 from tests.backends import test_llvm_scan_team as scan_team  # noqa: E402
@@ -43,18 +44,14 @@ THREADS = (1, 2, 3)
 _compiled: dict[tuple, rnnc.Function] = {}
 
 
-@pytest.fixture(autouse=True)
-def _scans_over_steps(monkeypatch) -> None:
-    """Every scan on the team, split over its steps (no thread's columns fill 1 MiB)."""
-    monkeypatch.setattr(runtime, "SCAN_TEAM_MIN_WORK", 0)
-    monkeypatch.setattr(runtime, "SCAN_THREAD_MIN_BYTES", 1 << 20)
-    monkeypatch.setattr(runtime, "SCAN_CHUNK_MIN_STEPS", 0)
-    monkeypatch.setattr(runtime, "SCAN_CHUNK_MIN_WORK", 0)
+# Every scan on the team, split over its steps (no thread's columns fill 1 MiB).
+OVER_STEPS = LlvmSchedule(scan_team_min_work=0, scan_thread_min_bytes=1 << 20,
+                          scan_chunk_min_steps=0, scan_chunk_min_work=0)
 
 
 def function(name: str, reverse: bool, threads: int | None) -> rnnc.Function:
     """The cell compiled as the oracle (threads None) or by LLVM with parallel-scan."""
-    return scan_team.function(name, reverse, threads, _compiled)
+    return scan_team.function(name, reverse, threads, _compiled, OVER_STEPS)
 
 
 def everything(fn: rnnc.Function, name: str, steps: int, lengths) -> dict[str, np.ndarray]:
@@ -108,7 +105,8 @@ def test_hand_built_scans_split_over_steps(row: str, dtype, steps: int, team_cal
                                                                   strict=True))
     tol = 1e-12 if dtype == np.float64 else 2e-5
     for threads in (2, 3):
-        runner = rnnc.backends.get("llvm", threads=threads, team=True, cache_dir=False).build(
+        runner = rnnc.backends.get("llvm", threads=threads, team=True, cache_dir=False,
+                                   schedule=OVER_STEPS).build(
             program(row, "f64" if dtype == np.float64 else "f32"), "inference")
         assert runner.scan_form(3, steps) == "steps"
         got = runner(env, {"T": steps, "B": 3})
@@ -128,8 +126,10 @@ def test_every_scan_of_a_team_build_can_take_the_steps_form(mode: str) -> None:
     scans = sum(step.op is ops.linear_scan for graph in (schedule.pre, schedule.post)
                 for step in graph.steps)
     assert scans > 0
-    for limits, chunked in (((4096, 64), scans), (None, 0)):
-        lowering = codegen.Lowering(program, "cblas", team=True, scan_limits=limits)
+    # A thread's columns of a step fill 4 KiB nowhere here; with no limit in bytes, they do.
+    for schedule, chunked in ((LlvmSchedule(), scans), (LlvmSchedule(scan_thread_min_bytes=0),
+                                                        0)):
+        lowering = codegen.Lowering(program, "cblas", schedule, team=True)
         lowering.lower()
         assert lowering.team.chunked_scans == chunked
 
@@ -143,14 +143,15 @@ def test_chunk_bounds_weight_the_first_chunk() -> None:
     assert scan_chunks.chunk_bounds(2, 3)[-1] == 2 and scan_chunks.chunk_bounds(0, 3) == [0] * 4
 
 
-def test_form_at_the_default_thresholds(monkeypatch) -> None:
+def test_form_at_the_default_thresholds() -> None:
     """minGRU at B = 1, H = 512, float32 (2 KiB a step) on two threads: split over its steps,
     on the team from T = 16384 (8 Mi multiply-adds), where the split by columns never engaged
     it; at H = 2048 (a page a thread) by columns from T = 1024 (2 Mi), as before."""
-    for name, value in (("SCAN_TEAM_MIN_WORK", 1 << 21), ("SCAN_THREAD_MIN_BYTES", 4096),
-                        ("SCAN_CHUNK_MIN_STEPS", 64), ("SCAN_CHUNK_MIN_WORK", 1 << 23)):
-        monkeypatch.setattr(runtime, name, value)
-    limits = (runtime.SCAN_THREAD_MIN_BYTES, runtime.SCAN_CHUNK_MIN_STEPS)
+    defaults = LlvmSchedule()
+    assert (defaults.scan_team_min_work, defaults.scan_thread_min_bytes,
+            defaults.scan_chunk_min_steps, defaults.scan_chunk_min_work) == \
+        (1 << 21, 4096, 64, 1 << 23)
+    limits = (defaults.scan_thread_min_bytes, defaults.scan_chunk_min_steps)
     assert split.scan_form(512, 4, 4096, 2, limits) == "steps"
     assert split.scan_form(2048, 4, 4096, 2, limits) == "columns"
     assert split.scan_form(512, 4, 127, 2, limits) is None
