@@ -27,6 +27,7 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from rnnc.backends.cuda import precision as cuda_precision
 from rnnc.errors import RnncTypeError, RnncValueError
 
 # Read per call, compiled into nothing: left out of the code cache key.
@@ -178,7 +179,7 @@ class LlvmSchedule(Schedule):
 class CudaSchedule(Schedule):
     """How the CUDA backend runs a program (backends/cuda/runtime.py)."""
 
-    PRECISIONS = ("highest", "tf32")
+    PRECISIONS = cuda_precision.PRECISIONS  # full float32, or TF32 GEMMs
     FUSED_STEPS = ("auto", "always", "never", "persistent")
 
     # How a step runs its recurrent product where the region reading it is unit-local:
@@ -186,6 +187,11 @@ class CudaSchedule(Schedule):
     # (the whole loop in one cooperative launch) or "auto" (timed per shape on a GPU, autotune
     # choosing among the schedules with each of the others).
     fused_step: str | None = None
+    # Threads per block of a one-thread-per-element (or per-row) kernel, and the most blocks
+    # of one launch: its grid-stride loop covers the rest, and 8192 blocks fill any current
+    # GPU. Such kernels do not need tuning here.
+    block_threads: int = field(default=256, metadata=_PER_CALL)
+    max_blocks: int = field(default=8192, metadata=_PER_CALL)
     # The most resident blocks a persistent launch uses; 0: as many as the device holds.
     persistent_max_blocks: int = field(default=0, metadata=_PER_CALL)
     # A linear_scan runs its chunked kernel (backends/cuda/scan.py) below this many columns
@@ -204,5 +210,8 @@ class CudaSchedule(Schedule):
                                  f"product and its epilogue run: timed, one kernel, GEMM + "
                                  f"kernel, or one kernel for the whole loop), got "
                                  f"{self.fused_step!r}")
-        _positive(self, "persistent_max_blocks", "scan_chunked_max_columns",
-                  "scan_chunked_min_steps")
+        _positive(self, "block_threads", "max_blocks", "persistent_max_blocks",
+                  "scan_chunked_max_columns", "scan_chunked_min_steps")
+        if not (1 <= self.block_threads <= 1024 and self.max_blocks >= 1):
+            raise RnncValueError(f"block_threads must be from 1 to 1024 and max_blocks at "
+                                 f"least 1, got {self.block_threads} and {self.max_blocks}")

@@ -37,7 +37,6 @@ from rnnc.backends.cuda.scan import chunked_kernel, scan_kernel
 from rnnc.backends.steps import GraphSteps, ProgramSteps, Step, program_steps
 from rnnc.ir import ARG, FUSED, GET, Graph, Node, Program, Shape
 
-BLOCK = 256  # threads per block; one-thread-per-element kernels do not need tuning here
 # Ops computed by a kernel of their own when no fused region holds them.
 KERNEL_KINDS = frozenset({ops.OpKind.ELEMENTWISE, ops.OpKind.LAYOUT, ops.OpKind.REDUCE})
 

@@ -43,6 +43,9 @@ the body and the shape allow it, else the fused steps; emulation uses it only wh
 its fibers make it slow. The fused kernel computes the product in full float32, so
 ``precision="tf32"`` keeps the GEMM path for float32 programs; backward programs keep it too.
 Where a module has barrier kernels, emulation loads it through :mod:`.mixed`.
+
+``schedule=`` takes a :class:`~rnnc.backends.schedule.CudaSchedule`, every decision of how to
+run (``precision=`` and ``fused_step=`` fill its None fields); :meth:`CudaBackend.schedule`.
 """
 
 from __future__ import annotations
@@ -60,7 +63,6 @@ from rnnc.backends.cuda import autotune
 from rnnc.backends.cuda import precision as precision_module
 from rnnc.backends.cuda.codegen import Module, render
 from rnnc.backends.cuda.device import CudaDevice, EmulatedArray
-from rnnc.backends.cuda.fused_step import check_mode
 from rnnc.backends.cuda.host import Host
 from rnnc.backends.cuda.persistent import PersistentLaunch, resident_blocks
 from rnnc.backends.cuda.plan import Plan, Plans, shape_key
@@ -107,9 +109,8 @@ class CudaBackend:
                                  f"fused_step= and schedule=, got {sorted(options)}")
         self.emulate = bool(emulate)
         self.graph = bool(graph)
-        asked = given(schedule, CudaSchedule, self.name).merged({
-            "precision": None if precision is None else precision_module.check(precision),
-            "fused_step": None if fused_step is None else check_mode(fused_step)})
+        asked = given(schedule, CudaSchedule, self.name).merged(
+            {"precision": precision, "fused_step": fused_step})  # each checked by CudaSchedule
         # What every program of this backend starts from (schedule() derives a program's).
         self.base_schedule = dataclasses.replace(asked, precision=asked.precision or "highest",
                                                  fused_step=asked.fused_step or "auto")
@@ -146,19 +147,16 @@ class CudaBackend:
                                    enable_cooperative_groups=True)
 
     def schedule(self, program: Program, mode: str) -> CudaSchedule:
-        """How ``program``, the program of ``mode``, runs: the backend's schedule, with the
-        GEMM path (``fused_step="never"``) where TF32 is asked of a float32 program (the fused
-        kernel computes its product in full float32) and for a backward program (its steps
-        keep their GEMMs, .fused_step). ``fused_step="auto"`` is resolved per shape on a GPU,
-        by timing the schedules with each fixed path (:mod:`.autotune`)."""
+        """How ``program`` (of ``mode``) runs: the backend's schedule, with the GEMM path for
+        TF32 in float32 (the fused kernel computes in full float32) and for a backward program
+        (.fused_step). "auto" is resolved per shape on a GPU (:mod:`.autotune`)."""
         base = self.base_schedule
         tf32 = base.precision == "tf32" and program.dtype == "f32"
         return dataclasses.replace(base, fused_step="never") \
             if tf32 or is_backward(mode) else base
 
     def build(self, program: Program, mode: str) -> Runner:
-        """A callable ``(env, dims) -> results`` for ``program``, the program of ``mode``, run
-        as :meth:`schedule` says."""
+        """A callable ``(env, dims) -> results`` for ``program`` (of ``mode``), as scheduled."""
         return Runner(self, program, self.schedule(program, mode))
 
 
@@ -260,7 +258,7 @@ class Runner:
             cupy = self.backend.cupy
             device = autotune.device_identity(cupy)
             cache = None if device is None else autotune.TuningCache(device, self.fingerprint)
-            # The search space: the runner's schedule with each path its hosts can launch.
+            # The search: the runner's schedule with each path its hosts can launch, GEMM first.
             candidates = {name: dataclasses.replace(self.schedule, fused_step=FUSED_STEPS[name])
                           for name in sorted(self.hosts, key=lambda name: (name != "gemm", name))}
             plan, tuning = autotune.choose(

@@ -62,21 +62,17 @@ class Lowering:
 
     def __init__(self, program: Program, convention: Convention,
                  schedule: LlvmSchedule | None = None, team: bool = False) -> None:
-        schedule = schedule or LlvmSchedule()  # None: the defaults
-        self.steps = program_steps(program)
+        schedule, self.steps = schedule or LlvmSchedule(), program_steps(program)
         shapes = env_shapes(program)
         plan = Plan(program.dtype, tuple((n, t.shape) for n, (_, t) in program.args.items()),
                     tuple((n, shapes[n]) for n in program.results))
         self.ctx = Context.start(plan, convention, team)
         # A team's threads, and a backend of one thread, call the BLAS on one core.
         self.ctx.own_max_work = schedule.own_max_work(team or schedule.threads == 1)
-        # A team build splits the nodes of the step body between threads while ``splitting``,
-        # and a linear_scan outside it by columns, or over its steps below the schedule's
-        # limits (bytes of a thread's columns, steps a thread); no limit in bytes: by columns
-        # always, and the split over steps is not compiled in.
-        limits = (schedule.scan_thread_min_bytes, schedule.scan_chunk_min_steps) \
-            if schedule.scan_thread_min_bytes else None
-        self.team = Team(self.ctx, limits) if team else None
+        # A team build splits the step body's nodes between threads while ``splitting``, and
+        # a linear_scan by columns, or over its steps below the limits (none without bytes).
+        limits = (schedule.scan_thread_min_bytes, schedule.scan_chunk_min_steps)
+        self.team = Team(self.ctx, limits if limits[0] else None) if team else None
         self.splitting = False
         # Split a gated cell's step by hidden units (split.unit_readers).
         self.units = schedule.team_split == "units"

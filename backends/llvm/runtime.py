@@ -277,6 +277,14 @@ class LlvmBackend:
         the program (its thresholds choose the team per call, from ``T`` and ``B``)."""
         return self.base_schedule
 
+    def code_key(self, program: Program, mode: str, team: bool = False,
+                 identity: str | None = None) -> str:
+        """The code cache key of ``program``'s build (``team``: the thread team's), hashing
+        what lowering reads: the build and the schedule as it reads it."""
+        built = self.schedule(program, mode).for_build(team)
+        return cache.key(identity or fingerprint(program), program.dtype, self.blas.convention,
+                         built.key() + (":team" if team else ""))
+
     def build(self, program: Program, mode: str) -> Runner:
         """A callable ``(env, dims) -> results`` running ``program`` natively, as
         :meth:`schedule` says (lowering reads the program and the schedule alone: every mode's
@@ -288,12 +296,9 @@ class LlvmBackend:
         fits = lambda plan: cache.plan_fits(plan, program)  # noqa: E731
 
         def compiled(team: bool) -> cache.Compiled:
-            # The key hashes what lowering reads: the build and the schedule as it reads it.
-            built = schedule.for_build(team)
-            k = cache.key(identity, program.dtype, self.blas.convention,
-                          built.key() + (":team" if team else ""))
-            return self.cache.get(k, identity, lambda: codegen.lower(
-                program, self.blas.convention, built, team), fits)
+            return self.cache.get(self.code_key(program, mode, team, identity), identity,
+                                  lambda: codegen.lower(program, self.blas.convention,
+                                                        schedule.for_build(team), team), fits)
 
         team, work, scans = None, split.team_work(program), split.scan_work(program)
         if schedule.team and schedule.threads > 1 and (work or scans[0]):

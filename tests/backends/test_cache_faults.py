@@ -29,7 +29,6 @@ from rnnc import diskcache  # noqa: E402
 from rnnc.backends.llvm import autotune, blas, cache  # noqa: E402
 from rnnc.backends.llvm.runtime import LlvmBackend  # noqa: E402
 from rnnc.backends.schedule import LlvmSchedule  # noqa: E402
-from rnnc.fingerprint import fingerprint  # noqa: E402
 
 ROOT_USER = hasattr(os, "geteuid") and os.geteuid() == 0
 REPO = Path(__file__).parents[2]
@@ -70,9 +69,7 @@ def _fresh(root: Path) -> LlvmBackend:
 
 def _entry(root: Path, program) -> Path:
     backend = LlvmBackend(cache_dir=root)
-    k = cache.key(fingerprint(program), program.dtype, backend.blas.convention,
-                  backend.schedule(program, "inference").key())
-    return backend.cache.path(k)
+    return backend.cache.path(backend.code_key(program, "inference"))
 
 
 def _leftovers(root: Path) -> list[Path]:
