@@ -103,3 +103,14 @@ def test_a_forced_path_matches_the_oracle_and_is_its_own_code(tmp_path) -> None:
         np.testing.assert_allclose(got["y"], want["y"], rtol=1e-10, atol=1e-12)
         entries.append(len(list((tmp_path / "llvm").glob("*.entry"))))
     assert entries == [1, 2, 2]
+
+
+def test_a_pickled_function_keeps_its_schedule() -> None:
+    pytest.importorskip("llvmlite")
+    import pickle
+
+    fn = rnnc.compile(rnnc.cells.gru(2, 3), backend="llvm", cache_dir=False,
+                      schedule=LlvmSchedule(team_min_work=0))
+    again = pickle.loads(pickle.dumps(fn))
+    assert again.backend.base_schedule == fn.backend.base_schedule
+    assert again.backend.base_schedule.team_min_work == 0
