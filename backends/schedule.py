@@ -194,6 +194,13 @@ class CudaSchedule(Schedule):
     max_blocks: int = field(default=8192, metadata=_PER_CALL)
     # The most resident blocks a persistent launch uses; 0: as many as the device holds.
     persistent_max_blocks: int = field(default=0, metadata=_PER_CALL)
+    # The chunked linear_scan kernel's block (backends/cuda/scan.py): scan_columns adjacent
+    # columns by scan_chunks chunks of the steps. Untuned until measured on a GPU. 32 columns:
+    # one warp reads 32 adjacent elements of a step (128 bytes of float32). 32 chunks: 1024
+    # threads, the most a block may have, so a narrow scan (B = 1, a few hundred features)
+    # still has thousands of threads; the shared memory is 2 x 1024 values (16 KiB in f64).
+    scan_columns: int = 32
+    scan_chunks: int = 32
     # A linear_scan runs its chunked kernel (backends/cuda/scan.py) below this many columns
     # (batch rows x features) and from this many steps. Untuned until measured on a GPU. From
     # 32 Ki columns on, the columns' own threads fill an H100 far enough that a second read of
@@ -215,3 +222,9 @@ class CudaSchedule(Schedule):
         if not (1 <= self.block_threads <= 1024 and self.max_blocks >= 1):
             raise RnncValueError(f"block_threads must be from 1 to 1024 and max_blocks at "
                                  f"least 1, got {self.block_threads} and {self.max_blocks}")
+        _positive(self, "scan_columns", "scan_chunks")
+        if not (self.scan_columns >= 1 and self.scan_chunks >= 2
+                and self.scan_columns * self.scan_chunks <= 1024):
+            raise RnncValueError(f"scan_columns >= 1 times scan_chunks >= 2 must make at most "
+                                 f"1024 threads (a block), got {self.scan_columns} x "
+                                 f"{self.scan_chunks}")

@@ -177,7 +177,7 @@ class Runner:
         # TF32 GEMMs (backends/cuda/precision.py): float32 programs only.
         self.tf32 = how.precision == "tf32" and self.dtype == np.float32
         mode = how.fused_step
-        module = render(schedule, fused_step=mode)
+        module = render(schedule, fused_step=mode, schedule=how)
         self.source = module.source
         self.xp = backend.xp
         self.loaded = backend.load(module.source, module.kernels, module.barriers)

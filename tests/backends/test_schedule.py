@@ -61,6 +61,8 @@ def test_a_build_reads_only_its_fields() -> None:
     (lambda: LlvmSchedule(precision="tf32"), "precision must be one of 'highest', got"),
     (lambda: CudaSchedule(fused_step="sometimes"), "fused_step must be one of 'auto'"),
     (lambda: CudaSchedule(persistent_max_blocks=True), "persistent_max_blocks must be"),
+    (lambda: CudaSchedule(scan_columns=64, scan_chunks=32), "at most 1024 threads"),
+    (lambda: CudaSchedule(block_threads=2048), "block_threads must be from 1 to 1024"),
 ])
 def test_bad_fields_are_named(make, message) -> None:
     with pytest.raises(RnncValueError, match=message):
