@@ -124,6 +124,9 @@ class LlvmSchedule(Schedule):
     scan_thread_min_bytes: int = 4096
     scan_chunk_min_steps: int = 64
     scan_chunk_min_work: int = field(default=1 << 23, metadata=_PER_CALL)
+    # A scan split over its steps gives thread 0 (one pass over its steps; the others make
+    # two) this many sixteenths of each other thread's steps (docs/passes.md, parallel-scan).
+    scan_first_chunk_weight: int = 48
     # Up to this many multiply-adds per step (rows * n * k) the panel kernel on one core beats
     # a BLAS on several: the limit of the one-thread build of a backend with threads > 1.
     panel_max_work: int = 12 << 20
@@ -152,7 +155,9 @@ class LlvmSchedule(Schedule):
                                  f"{self.team_split!r}")
         _positive(self, "team_min_work", "scan_team_min_work", "scan_thread_min_bytes",
                   "scan_chunk_min_steps", "scan_chunk_min_work", "panel_max_work",
-                  "one_core_panel_max_work")
+                  "one_core_panel_max_work", "scan_first_chunk_weight")
+        if self.scan_first_chunk_weight == 0:
+            raise RnncValueError("scan_first_chunk_weight must be at least 1 (sixteenths)")
 
     def for_build(self, team: bool) -> LlvmSchedule:
         """The schedule as one build reads it, every other field at its default, so that
@@ -164,11 +169,21 @@ class LlvmSchedule(Schedule):
         if team:
             read.update(team_split=self.team_split,
                         scan_thread_min_bytes=self.scan_thread_min_bytes,
-                        scan_chunk_min_steps=self.scan_chunk_min_steps)
+                        scan_chunk_min_steps=self.scan_chunk_min_steps,
+                        scan_first_chunk_weight=self.scan_first_chunk_weight)
         else:
             read.update(threads=1 if self.threads == 1 else default.threads,
                         panel_max_work=self.panel_max_work)
         return dataclasses.replace(default, **read)
+
+    def scan_limits(self) -> tuple[int, int, int] | None:
+        """What a team build needs to split a linear_scan over its steps (bytes, steps, first
+        chunk's weight: :class:`rnnc.backends.llvm.team.Team`); None without a limit in
+        bytes, where every scan is split by columns and the split over steps is not built."""
+        if not self.scan_thread_min_bytes:
+            return None
+        return (self.scan_thread_min_bytes, self.scan_chunk_min_steps,
+                self.scan_first_chunk_weight)
 
     def own_max_work(self, one_core: bool) -> int:
         """The panel kernel's limit in a build whose BLAS calls run on one core or not."""

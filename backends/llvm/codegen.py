@@ -70,12 +70,10 @@ class Lowering:
         # A team's threads, and a backend of one thread, call the BLAS on one core.
         self.ctx.own_max_work = schedule.own_max_work(team or schedule.threads == 1)
         # A team build splits the step body's nodes between threads while ``splitting``, and
-        # a linear_scan by columns, or over its steps below the limits (none without bytes).
-        limits = (schedule.scan_thread_min_bytes, schedule.scan_chunk_min_steps)
-        self.team = Team(self.ctx, limits if limits[0] else None) if team else None
+        # a linear_scan by columns, or over its steps below the schedule's limits.
+        self.team = Team(self.ctx, schedule.scan_limits()) if team else None
         self.splitting = False
-        # Split a gated cell's step by hidden units (split.unit_readers).
-        self.units = schedule.team_split == "units"
+        self.units = schedule.team_split == "units"  # by hidden units (split.unit_readers)
         self.env: dict[str, Buffer] = {n: self.ctx.buffer(k, s)
                                        for k, (n, s) in enumerate(plan.args)}
         self.result_buffers: dict[str, Buffer] = {}

@@ -133,11 +133,13 @@ def barrier_function(module: ir.Module) -> ir.Function:
 class Team:
     """Splits the nodes of one step body between the team's threads while it is lowered."""
 
-    def __init__(self, ctx: Context, scan_limits: tuple[int, int] | None = None) -> None:
+    def __init__(self, ctx: Context, scan_limits: tuple[int, int, int] | None = None) -> None:
         self.ctx = ctx
-        # (bytes, steps): a linear_scan is split over its steps where each thread's columns of
-        # a step make fewer bytes and there are at least that many steps a thread
-        # (LlvmSchedule.scan_thread_min_bytes, .scan_chunk_min_steps); None: by columns only.
+        # (bytes, steps, weight): a linear_scan is split over its steps where each thread's
+        # columns of a step make fewer bytes and there are at least that many steps a thread,
+        # the first chunk ``weight`` sixteenths of the others (LlvmSchedule.
+        # scan_thread_min_bytes, .scan_chunk_min_steps, .scan_first_chunk_weight); None: by
+        # columns only.
         self.scan_limits = scan_limits
         # The workspace of the scans split over their steps, and how many were emitted.
         self.chunk_space: Buffer | None = None
@@ -205,7 +207,8 @@ class Team:
             with b.if_else(self._by_steps(total)) as (by_steps, by_columns):
                 with by_steps:
                     emit_chunked_scan(ctx, node, (out, *operands), self.chunk_space,
-                                      (self.tid, self.size), self._scan_barrier)
+                                      (self.tid, self.size), self._scan_barrier,
+                                      self.scan_limits[2])
                 with by_columns:
                     self._scan_columns(node, (out, *operands), work, total)
         self.barrier()
@@ -226,7 +229,7 @@ class Team:
         """Whether a scan of ``total`` columns is split over its steps: the generated form of
         :func:`rnnc.backends.llvm.split.scan_form`."""
         b, ctx = self.ctx.builder, self.ctx
-        least_bytes, least_steps = self.scan_limits
+        least_bytes, least_steps, _ = self.scan_limits
         size_bytes = b.mul(total, _c(ctx.itemsize))
         narrow = b.icmp_signed("<", size_bytes, b.mul(self.size, _c(least_bytes)))
         long = b.icmp_signed(">=", ctx.T, b.mul(self.size, _c(least_steps)))

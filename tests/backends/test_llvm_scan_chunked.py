@@ -17,6 +17,8 @@ and the runner's decision at the default thresholds.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -135,12 +137,27 @@ def test_every_scan_of_a_team_build_can_take_the_steps_form(mode: str) -> None:
 
 
 def test_chunk_bounds_weight_the_first_chunk() -> None:
-    weight = scan_chunks.FIRST_CHUNK_WEIGHT
+    weight = LlvmSchedule().scan_first_chunk_weight
     assert scan_chunks.chunk_bounds(1000, 1) == [0, 1000]
     bounds = scan_chunks.chunk_bounds(1000, 3)
     assert bounds[0] == 0 and bounds[-1] == 1000 and bounds == sorted(bounds)
     assert bounds[1] == 1000 * weight // (weight + 32)
     assert scan_chunks.chunk_bounds(2, 3)[-1] == 2 and scan_chunks.chunk_bounds(0, 3) == [0] * 4
+    assert scan_chunks.chunk_bounds(999, 3, 16) == [0, 333, 666, 999]  # equal chunks
+
+
+def test_a_schedule_sets_the_first_chunk_s_weight(team_calls) -> None:
+    """Equal chunks (a weight of 16 sixteenths) on three threads: the generated bounds are the
+    schedule's, and the scan still matches the float64 loop."""
+    equal = dataclasses.replace(OVER_STEPS, scan_first_chunk_weight=16)
+    env = environment("sequences", np.float64, 17)
+    runner = rnnc.backends.get("llvm", threads=3, team=True, cache_dir=False,
+                               schedule=equal).build(program("sequences", "f64"), "inference")
+    got = runner(env, {"T": 17, "B": 3})
+    for k, attrs in enumerate(ATTRS):
+        want = loop(env["A"], env["Bv"], env["h"], **attrs, steps=17)
+        np.testing.assert_allclose(got[f"C{k}"], want, rtol=1e-12, atol=1e-12, err_msg=attrs)
+    assert team_calls == [3]
 
 
 def test_form_at_the_default_thresholds() -> None:
