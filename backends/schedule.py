@@ -2,9 +2,10 @@
 
 A :class:`Schedule` is a frozen dataclass per (program, backend, options, shape class): thread
 team and its split, the panel kernel's limits against the BLAS, the fused step, the persistent
-kernel, when a ``linear_scan`` takes its chunked form, and the precision. The passes decide
-what a program computes; the schedule decides how, and no module constant, constructor flag or
-runtime check of a backend does.
+kernel, when a ``linear_scan`` takes its chunked form and with which block, launch geometry,
+and the precision. The passes decide what a program computes; the schedule decides how. A new
+decision of how to run belongs here, not in a module constant, a constructor flag or a runtime
+check (kernel-internal tile sizes, such as ``gemm.ROWS``, stay with their kernels).
 
 - A backend derives the default for a program: ``backend.schedule(program, mode)``. Its
   options fill the schedule's ``None`` fields (``threads=``, ``team=``, ``fused_step=``, ...);
