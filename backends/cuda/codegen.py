@@ -34,10 +34,10 @@ from rnnc.backends.cuda.persistent import PersistentKernel, persistent_kernel
 from rnnc.backends.cuda.rows import row_kernel_source, row_shape
 from rnnc.backends.cuda.rules import CudaRenderer
 from rnnc.backends.cuda.scan import chunked_kernel, scan_kernel
+from rnnc.backends.schedule import CudaSchedule
 from rnnc.backends.steps import GraphSteps, ProgramSteps, Step, program_steps
 from rnnc.ir import ARG, FUSED, GET, Graph, Node, Program, Shape
 
-BLOCK = 256  # threads per block; one-thread-per-element kernels do not need tuning here
 # Ops computed by a kernel of their own when no fused region holds them.
 KERNEL_KINDS = frozenset({ops.OpKind.ELEMENTWISE, ops.OpKind.LAYOUT, ops.OpKind.REDUCE})
 
@@ -119,8 +119,10 @@ def single_node_region(nodes: Mapping[int, Node], step: Step, dtype: str
 class _Kernels:
     """The distinct kernels of a module, named in order of first use."""
 
-    def __init__(self, renderer: CudaRenderer, prefix: str) -> None:
+    def __init__(self, renderer: CudaRenderer, prefix: str,
+                 scan_geometry: tuple[int, int] | None = None) -> None:
         self.renderer, self.prefix = renderer, prefix
+        self.scan_geometry = scan_geometry  # the chunked linear_scan's block (the schedule's)
         self.names: dict[str, str] = {}  # kernel text with a placeholder name -> name
         self.barriers: set[str] = set()
 
@@ -181,7 +183,8 @@ def graph_steps(graph: GraphSteps, kernels: _Kernels,
             text, operands = scan_kernel(step, nodes, kernels.renderer)
             name, chunked = kernels.name(text), ""
             if step.op is ops.linear_scan:
-                chunked = kernels.name(chunked_kernel(step, nodes, kernels.renderer))
+                chunked = kernels.name(chunked_kernel(step, nodes, kernels.renderer,
+                                                      kernels.scan_geometry))
                 kernels.barriers.add(chunked)
             steps.append(Launch(step.slot, name, operands, (step.node.shape,), False,
                                 chunked=chunked))
@@ -190,20 +193,22 @@ def graph_steps(graph: GraphSteps, kernels: _Kernels,
     return steps
 
 
-def render(program: Program | ProgramSteps, prefix: str = "k_", fused_step: str = "auto"
-           ) -> Module:
+def render(program: Program | ProgramSteps, prefix: str = "k_", fused_step: str = "auto",
+           schedule: CudaSchedule | None = None) -> Module:
     """The kernel source and steps of ``program``; deterministic for a given program.
 
     Kernels are named ``prefix`` + a number; distinct prefixes let several programs' kernels
     share one module (``prelude`` once, then each ``kernel_text``). ``fused_step``: "auto",
     "always" or "never" (module doc); a backward :class:`Program` renders as "never" (a
     schedule does not say what it computes: the caller decides, :func:`.fused_step.fused_mode`).
+    ``schedule`` gives the chunked scan's block (None: the defaults).
     """
     if isinstance(program, Program):
         fused_step = fused_mode(program, fused_step)
+    how = schedule or CudaSchedule()
     schedule = program if isinstance(program, ProgramSteps) else program_steps(program)
     renderer = CudaRenderer(schedule.dtype)
-    kernels = _Kernels(renderer, prefix)
+    kernels = _Kernels(renderer, prefix, (how.scan_columns, how.scan_chunks))
     module = Module(schedule.dtype, "", [])
     pairs = {} if fused_step == "never" else fused_pairs(schedule.body, schedule.dtype)
     module.steps["pre"] = graph_steps(schedule.pre, kernels)

@@ -37,22 +37,11 @@ from rnnc.backends.cuda.kernels import KernelWriter, Scope, width
 from rnnc.backends.cuda.rules import CudaRenderer
 from rnnc.backends.steps import GraphSteps, Step
 from rnnc.backends.units import unit_width
-from rnnc.errors import RnncValueError
 from rnnc.ir import FUSED, Graph, Program, Shape
 from rnnc.names import Role
 
-MODES = ("auto", "always", "never", "persistent")
 ITEMSIZE = {"f32": 4, "f64": 8}
 _ROWS_ONLY = ((), (1,), ("B",))  # the row dims an operand of a fused step may have
-
-
-def check_mode(mode: object) -> str:
-    """``mode`` if it is one of :data:`MODES`, else an RnncValueError naming them."""
-    if mode not in MODES:
-        raise RnncValueError(f"fused_step must be one of {', '.join(map(repr, MODES))} (how a "
-                             f"step's product and its epilogue run: timed, one kernel, GEMM + "
-                             f"kernel, or one kernel for the whole loop), got {mode!r}")
-    return str(mode)
 
 
 def fused_mode(program: Program, requested: str) -> str:

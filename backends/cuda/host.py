@@ -32,7 +32,7 @@ import numpy as np
 from rnnc import ops
 from rnnc.backends.buffers import BufferPlan, GraphBuffers, plan_buffers
 from rnnc.backends.cuda import bf16
-from rnnc.backends.cuda.codegen import BLOCK, Gemm, Module, Work
+from rnnc.backends.cuda.codegen import Gemm, Module, Work
 from rnnc.backends.cuda.fused_step import FusedStep
 from rnnc.backends.cuda.persistent import PersistentLaunch, record_persistent
 from rnnc.backends.cuda.plan import (
@@ -46,11 +46,10 @@ from rnnc.backends.cuda.plan import (
     at_step,
 )
 from rnnc.backends.cuda.scan import chunked_geometry
+from rnnc.backends.schedule import CudaSchedule
 from rnnc.backends.steps import GraphSteps, ProgramSteps, resolve
 from rnnc.ir import ARG, GET, Shape
 from rnnc.precision import BF16
-
-MAX_BLOCKS = 8192  # grid-stride loops cover the rest; enough blocks to fill any current GPU
 
 Key = tuple[int, int]  # a result: (node, index)
 Destination = Callable[[Key, Shape], Any]
@@ -112,8 +111,10 @@ class Host:
 
     def __init__(self, xp: Any, schedule: ProgramSteps, module: Module,
                  kernels: Mapping[str, Any], fused: bool = True,
-                 persistent: PersistentLaunch | None = None) -> None:
+                 persistent: PersistentLaunch | None = None,
+                 how: CudaSchedule | None = None) -> None:
         self.xp = xp
+        self.how = how or CudaSchedule()  # launch geometry, when a scan takes its chunked kernel
         self.persistent = persistent
         self.schedule = schedule
         self.kernels = kernels
@@ -194,10 +195,11 @@ class Host:
         # One thread per element, or per row (every result of a row kernel has the same rows).
         total = max(int(np.prod(o.shape[:-1] if step.per_row else o.shape)) for o in outs)
         if total:
-            kernel, grid, block = step.kernel, min((total + BLOCK - 1) // BLOCK, MAX_BLOCKS), BLOCK
+            block = self.how.block_threads
+            kernel, grid = step.kernel, min((total + block - 1) // block, self.how.max_blocks)
             # A linear_scan: its chunked kernel where these sizes favour it (scan.py).
             chunked = step.chunked and chunked_geometry(int(size_args[0]),
-                                                        int(np.prod(outs[0].shape[1:])))
+                                                        int(np.prod(outs[0].shape[1:])), self.how)
             if chunked:
                 kernel, (grid, block) = step.chunked, chunked
             args = tuple(vals[i] for i in step.inputs) + tuple(outs) + size_args

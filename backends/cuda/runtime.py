@@ -11,59 +11,53 @@ The host code is written once against an array module ``xp`` and a kernel loader
 A call runs a launch plan (:mod:`.plan`), built the first time a shape is seen and kept (the
 :data:`~.plan.MAX_PLANS` most recently used per runner): the device arrays of the inputs, of
 every intermediate and of the results, and every kernel launch and GEMM already resolved. A
-call copies its NumPy inputs into the plan's input arrays, makes the plan's calls in order (on
-a GPU on the runner's own stream) and copies the results out. On a GPU the copies go through
-page-locked host buffers the plan keeps, one per input and result. Calls on one runner take
-turns.
+call copies its NumPy inputs into the plan's input arrays (on a GPU through page-locked host
+buffers the plan keeps), makes the plan's calls in order (on a GPU on the runner's own stream)
+and copies the results out. Calls on one runner take turns.
 
 ``graph=True`` (the default): after a shape's first call (which also compiles CuPy's own
 kernels and creates the cuBLAS handle, which cannot happen inside a capture) the plan is
-captured as CUDA graphs of at most :data:`~.graphs.GRAPH_STEPS` loop steps (:mod:`.graphs`):
-a call of a shorter loop replays one graph, a longer loop replays one graph of that many steps
-T / GRAPH_STEPS times, re-pointed at each span's arrays, so the graphs' size does not grow
-with T either. If the capture fails (a CuPy or driver that cannot capture cuBLAS), that shape
-runs its plan call by call instead. In emulation the same graphs are kept in host memory and
-replayed call by call (``plan.replay``). ``graph=False`` launches every call of the plan from
-Python on every call.
-
-``precision="tf32"`` runs float32 GEMMs in TensorFloat-32 (:mod:`.precision`).
+captured as CUDA graphs of at most :data:`~.graphs.GRAPH_STEPS` loop steps, replayed span by
+span (:mod:`.graphs`), so their size does not grow with T. If the capture fails, that shape runs
+its plan call by call; emulation replays the same graphs from host memory. ``graph=False``
+launches every call of the plan from Python on every call.
 
 ``fused_step`` chooses how a step of the loop runs its recurrent product where the region
 reading it is unit-local (:mod:`.fused_step`): ``"never"`` keeps a cuBLAS GEMM and an
 elementwise kernel; ``"always"`` runs one fused kernel (product tile and epilogue) instead;
-``"auto"`` (the default) is ``"always"`` in emulation, so the test suite runs the fused kernels,
-and on a GPU times both plans on the first call of each shape and keeps the faster one for that
-shape (:mod:`.autotune`), together with the persistent plan where it applies; a path whose launch
-fails or overruns its timing budget is dropped with a warning, and the choice is cached on disk
-per device and shape, so another process takes it without timing. ``Runner.launch_report()``
-(``Function.launch_report()`` for all of a compiled function's programs) says, per shape, which
-path runs, how it was chosen, what choosing cost the first call, and whether a graph replays it.
+``"auto"`` (the default) is ``"always"`` in emulation, and on a GPU times the plans on the first
+call of each shape and keeps the fastest (:mod:`.autotune`, docs/backends.md);
+``Runner.launch_report()`` says, per shape, which path runs and how it was chosen.
 ``"persistent"`` runs the whole time loop as one cooperative launch (:mod:`.persistent`) where
-the body and the shape allow it, else the fused steps; emulation uses it only when asked, as
-its fibers make it slow. The fused kernel computes the product in full float32, so
-``precision="tf32"`` keeps the GEMM path for float32 programs; backward programs keep it too.
-Where a module has barrier kernels, emulation loads it through :mod:`.mixed`.
+the body and the shape allow it, else the fused steps. The fused kernel computes the product in
+full float32, so TF32 (:mod:`.precision`) and bfloat16 GEMMs (:mod:`.bf16`) and backward
+programs keep the GEMM path. Where a module has barrier kernels, emulation loads it through
+:mod:`.mixed`.
+
+``schedule=`` takes a :class:`~rnnc.backends.schedule.CudaSchedule`, every decision of how to
+run (``precision=`` and ``fused_step=`` fill its None fields); :meth:`CudaBackend.schedule`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Hashable, Mapping
 from typing import Any
 
 import numpy as np
 
-from rnnc import ops, process
+from rnnc import process
 from rnnc.backends import is_backward
 from rnnc.backends.cuda import autotune
 from rnnc.backends.cuda import precision as precision_module
 from rnnc.backends.cuda.codegen import Module, render
 from rnnc.backends.cuda.device import CudaDevice, EmulatedArray
-from rnnc.backends.cuda.fused_step import check_mode
 from rnnc.backends.cuda.graphs import DeviceGraph, EmulatedGraph, Replay
 from rnnc.backends.cuda.host import Host
 from rnnc.backends.cuda.persistent import PersistentLaunch, resident_blocks
 from rnnc.backends.cuda.plan import Plan, Plans, shape_key
+from rnnc.backends.schedule import CudaSchedule, gemm_precision, given
 from rnnc.backends.steps import ProgramSteps, program_steps
 from rnnc.errors import BackendUnavailable, RnncValueError
 from rnnc.ir import Program
@@ -71,6 +65,10 @@ from rnnc.ir import Program
 UNAVAILABLE = ("backend 'cuda' needs CuPy and an NVIDIA GPU: {why}. Pass emulate=True "
                "(rnnc.compile(cell, backend='cuda', emulate=True)) to run the same host code "
                "and generated kernels on the CPU.")
+
+
+# The fixed fused_step of each path a runner may launch: autotune's candidate schedules.
+FUSED_STEPS = {"gemm": "never", "fused": "always", "persistent": "persistent"}
 
 
 def load_cupy() -> Any:
@@ -89,26 +87,24 @@ def load_cupy() -> Any:
     return cupy
 
 
-def has_bf16_gemms(schedule: ProgramSteps) -> bool:
-    """Whether a step of the loop body is a bfloat16 GEMM."""
-    return any(step.op is ops.matmul and step.attrs.get("precision") == "bf16"
-               for step in schedule.body.steps)
-
-
 class CudaBackend:
     """Builds runners that launch generated kernels (CuPy, or emulated on the CPU)."""
 
     name = "cuda"
 
-    def __init__(self, emulate: bool = False, graph: bool = True, precision: str = "highest",
-                 fused_step: str = "auto", **options: Any) -> None:
+    def __init__(self, emulate: bool = False, graph: bool = True, precision: str | None = None,
+                 fused_step: str | None = None, schedule: CudaSchedule | None = None,
+                 **options: Any) -> None:
         if options:
-            raise RnncValueError(f"backend 'cuda' takes emulate=, graph=, precision= and "
-                                 f"fused_step=, got {sorted(options)}")
+            raise RnncValueError(f"backend 'cuda' takes emulate=, graph=, precision=, "
+                                 f"fused_step= and schedule=, got {sorted(options)}")
         self.emulate = bool(emulate)
         self.graph = bool(graph)
-        self.precision = precision_module.check(precision)
-        self.fused_step = check_mode(fused_step)
+        asked = given(schedule, CudaSchedule, self.name).merged(
+            {"precision": precision, "fused_step": fused_step})  # each checked by CudaSchedule
+        # What every program of this backend starts from (schedule() derives a program's).
+        self.base_schedule = dataclasses.replace(asked, precision=asked.precision or "fp32",
+                                                 fused_step=asked.fused_step or "auto")
         self.cupy = None if self.emulate else load_cupy()
         # Device calls (docs/device-calls.md): how the API adopts and makes device arrays.
         self.device = CudaDevice(self.xp, self.emulate)
@@ -141,9 +137,20 @@ class CudaBackend:
         return self.cupy.RawModule(code=source, options=("--std=c++17",),
                                    enable_cooperative_groups=True)
 
+    def schedule(self, program: Program, mode: str) -> CudaSchedule:
+        """How ``program`` (of ``mode``) runs: the backend's schedule, with the GEMM path for
+        TF32 in float32 (the fused kernel computes in full float32) and for a backward program
+        (.fused_step). "auto" is resolved per shape on a GPU (:mod:`.autotune`)."""
+        base = self.base_schedule
+        if gemm_precision(program) == "bf16":  # bfloat16 GEMMs keep the GEMM path (.bf16)
+            return dataclasses.replace(base, precision="bf16", fused_step="never")
+        tf32 = base.precision == "tf32" and program.dtype == "f32"
+        return dataclasses.replace(base, fused_step="never") \
+            if tf32 or is_backward(mode) else base
+
     def build(self, program: Program, mode: str) -> Runner:
-        """A callable ``(env, dims) -> results`` for ``program``, the program of ``mode``."""
-        return Runner(self, program, mode)
+        """A callable ``(env, dims) -> results`` for ``program`` (of ``mode``), as scheduled."""
+        return Runner(self, program, self.schedule(program, mode))
 
 
 class Runner:
@@ -155,24 +162,21 @@ class Runner:
     ``fused_step="auto"`` chose for each shape on a GPU and ``runner.tunings`` how
     (:mod:`.autotune`)."""
 
-    def __init__(self, backend: CudaBackend, program: Program, mode: str) -> None:
+    def __init__(self, backend: CudaBackend, program: Program, how: CudaSchedule) -> None:
         schedule = program_steps(program)
         self.backend = backend
+        self.schedule = how
         self.dtype = schedule.numpy_dtype
-        # TF32 GEMMs (backends/cuda/precision.py): float32 programs only. The fused kernel
-        # computes its product in full float32, so TF32 keeps the GEMM path.
-        self.tf32 = backend.precision == "tf32" and self.dtype == np.float32
-        # A backward program's steps keep their GEMMs (.fused_step), as do bfloat16 GEMMs
-        # (.bf16: the fused kernels compute their products in float32).
-        mode = "never" if self.tf32 or is_backward(mode) or has_bf16_gemms(schedule) \
-            else backend.fused_step
-        module = render(schedule, fused_step=mode)
+        # TF32 GEMMs (backends/cuda/precision.py): float32 programs only.
+        self.tf32 = how.precision == "tf32" and self.dtype == np.float32
+        mode = how.fused_step
+        module = render(schedule, fused_step=mode, schedule=how)
         self.source = module.source
         self.xp = backend.xp
         self.loaded = backend.load(module.source, module.kernels, module.barriers)
         kernels = {name: self.loaded.get_function(name) for name in module.kernels}
         xp = precision_module.Tf32Numpy() if self.tf32 and backend.cupy is None else self.xp
-        self.hosts = _hosts(xp, schedule, module, kernels)
+        self.hosts = _hosts(xp, schedule, module, kernels, how)
         self.host = self.hosts.get("fused", self.hosts.get("gemm"))
         # The persistent path: asked for, or timed beside the others by "auto" on a GPU.
         persistent = module.persistent
@@ -180,16 +184,21 @@ class Runner:
                                        (mode == "auto" and backend.cupy is not None)):
             function = backend.load_cooperative(persistent.source, [persistent.kernel]) \
                 .get_function(persistent.kernel)
-            launch = PersistentLaunch(persistent, function, resident_blocks(
-                backend.cupy, function, persistent.tile.threads))
-            self.hosts["persistent"] = Host(xp, schedule, module, kernels, True, launch)
+            resident = resident_blocks(backend.cupy, function, persistent.tile.threads)
+            if how.persistent_max_blocks:
+                resident = min(resident, how.persistent_max_blocks)
+            launch = PersistentLaunch(persistent, function, resident)
+            self.hosts["persistent"] = Host(xp, schedule, module, kernels, True, launch, how)
             if mode == "persistent":
                 self.host = self.hosts["persistent"]
         self.timed = mode == "auto" and backend.cupy is not None and len(self.hosts) >= 2
         self.paths: dict[Hashable, str] = {}
         self.tunings: dict[Hashable, autotune.Tuning] = {}
-        # What a tuning choice on disk is valid for: every kernel this runner may launch.
-        kernels = module.source + (persistent.source if persistent is not None else "")
+        self.schedules: dict[Hashable, CudaSchedule] = {}  # what "auto" chose, per shape
+        # What a tuning choice on disk is valid for: every kernel this runner may launch and
+        # the schedule it searched from, every field included.
+        kernels = module.source + (persistent.source if persistent is not None else "") \
+            + how.key(per_call=True)
         self.fingerprint = hashlib.sha256(kernels.encode()).hexdigest()
         self.plans = Plans()
         self.transfers = {"to_device": 0, "to_host": 0}
@@ -242,10 +251,14 @@ class Runner:
             cupy = self.backend.cupy
             device = autotune.device_identity(cupy)
             cache = None if device is None else autotune.TuningCache(device, self.fingerprint)
+            # The search: the runner's schedule with each path its hosts can launch, GEMM first.
+            candidates = {name: dataclasses.replace(self.schedule, fused_step=FUSED_STEPS[name])
+                          for name in sorted(self.hosts, key=lambda name: (name != "gemm", name))}
             plan, tuning = autotune.choose(
                 cupy, self._stream, key, env, lambda name: self._path_plan(name, inputs(), dims),
-                sorted(self.hosts, key=lambda name: (name != "gemm", name)), cache)
+                list(candidates), cache)
             self.paths[key], self.tunings[key] = tuning.path, tuning
+            self.schedules[key] = candidates[tuning.path]
             return plan
         if path is None:
             path = next(name for name, host in self.hosts.items() if host is self.host)
@@ -369,15 +382,15 @@ class Runner:
             plan.run()
 
 
-def _hosts(xp: Any, schedule: ProgramSteps, module: Module, kernels: Mapping[str, Any]
-           ) -> dict[str, Host]:
+def _hosts(xp: Any, schedule: ProgramSteps, module: Module, kernels: Mapping[str, Any],
+           how: CudaSchedule) -> dict[str, Host]:
     """A host per path ``module`` renders: "fused" (its steps hold a fused step) and "gemm"
     (no fused step, or the GEMM body ``fused_step="auto"`` keeps beside it)."""
     hosts = {}
     if module.fused:
-        hosts["fused"] = Host(xp, schedule, module, kernels, fused=True)
+        hosts["fused"] = Host(xp, schedule, module, kernels, True, None, how)
     if not module.fused or module.gemm_body is not None:
-        hosts["gemm"] = Host(xp, schedule, module, kernels, fused=False)
+        hosts["gemm"] = Host(xp, schedule, module, kernels, False, None, how)
     return hosts
 
 

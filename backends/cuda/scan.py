@@ -40,9 +40,9 @@ Operands broadcast to the ``(T, rows..., n)`` result through strides of 0 (a ``(
 a ``(T, B, 1)`` mask), read by :func:`_read`; a constant operand is a literal in the source.
 ``last_step`` copies one step's slice.
 
-The geometry (``COLUMNS``, ``CHUNKS``) and the thresholds of the choice
-(``CHUNKED_MAX_COLUMNS``, ``CHUNKED_MIN_STEPS``) are untuned: chosen from the shape of the
-work, not yet measured on a GPU.
+The geometry (``COLUMNS``, ``CHUNKS``: ``CudaSchedule.scan_columns``, ``.scan_chunks``) and
+the thresholds of the choice (``.scan_chunked_max_columns``, ``.scan_chunked_min_steps``) are
+untuned: chosen from the shape of the work, not yet measured on a GPU.
 """
 
 from __future__ import annotations
@@ -52,20 +52,9 @@ from collections.abc import Mapping
 from rnnc import ops
 from rnnc.backends.cuda.kernels import product
 from rnnc.backends.cuda.rules import CudaRenderer
+from rnnc.backends.schedule import CudaSchedule
 from rnnc.backends.steps import Step
 from rnnc.ir import Node, Shape
-
-# Untuned until measured on a GPU. 32 columns: one warp reads 32 adjacent elements of a step
-# (128 bytes of float32). 32 chunks: 1024 threads, the most a block may have, so a narrow scan
-# (B = 1, a few hundred features) still has thousands of threads; the shared memory is
-# 2 x 1024 values (16 KiB in float64).
-COLUMNS = 32
-CHUNKS = 32
-# Untuned until measured on a GPU. From 32 Ki columns on, the columns' own threads fill an
-# H100 far enough that a second read of A and Bv costs more than the shorter chain gains; below
-# 2 steps per chunk the barriers and the second pass outweigh the chain they shorten.
-CHUNKED_MAX_COLUMNS = 32 * 1024
-CHUNKED_MIN_STEPS = 2 * CHUNKS
 
 _GRID_LOOP = [
     "    const long long stride = (long long)gridDim.x * blockDim.x;",
@@ -74,13 +63,16 @@ _GRID_LOOP = [
 ]
 
 
-def chunked_geometry(steps: int, columns: int) -> tuple[int, int] | None:
+def chunked_geometry(steps: int, columns: int, schedule: CudaSchedule | None = None
+                     ) -> tuple[int, int] | None:
     """The (grid, block) of the chunked ``linear_scan`` kernel for ``steps`` steps of
     ``columns`` columns (batch rows x features), or None where one thread per column is the
-    better form: many columns, or few steps."""
-    if columns >= CHUNKED_MAX_COLUMNS or steps < CHUNKED_MIN_STEPS or columns <= 0:
+    better form, as ``schedule`` (None: the defaults) says: many columns, or few steps."""
+    schedule = schedule or CudaSchedule()
+    if columns >= schedule.scan_chunked_max_columns or columns <= 0 \
+            or steps < schedule.scan_chunked_min_steps:
         return None
-    return -(-columns // COLUMNS), COLUMNS * CHUNKS
+    return -(-columns // schedule.scan_columns), schedule.scan_columns * schedule.scan_chunks
 
 
 def _read(pointer: str, shape: Shape, out: Shape) -> str:
@@ -158,9 +150,10 @@ def _chunk_loop(reverse: bool, body: list[str], indent: str = "        ") -> lis
             *(indent + "    " + line for line in body), f"{indent}}}"]
 
 
-def _chunk_setup(out: Shape, renderer: CudaRenderer) -> list[str]:
+def _chunk_setup(out: Shape, renderer: CudaRenderer, geometry: tuple[int, int]) -> list[str]:
     """The chunked kernel's shared buffers and this thread's column and chunk of steps."""
-    t, width = renderer.ctype, COLUMNS * CHUNKS
+    (COLUMNS, CHUNKS), t = geometry, renderer.ctype  # noqa: N806 - the names the module doc uses
+    width = COLUMNS * CHUNKS
     return [
         "    // Per chunk and column: its aggregate (product of A, value it maps 0 to), then",
         "    // its carry-in. Slot threadIdx.x = chunk * COLUMNS + lane.",
@@ -179,10 +172,10 @@ def _chunk_setup(out: Shape, renderer: CudaRenderer) -> list[str]:
     ]
 
 
-def _carry_ins(renderer: CudaRenderer) -> list[str]:
+def _carry_ins(renderer: CudaRenderer, geometry: tuple[int, int]) -> list[str]:
     """The first warp turns the aggregates into carry-ins: ``chunk_b`` of chunk k becomes the
     value before its first step (chunk 0's slot holds its end value, chunk 1's carry-in)."""
-    t = renderer.ctype
+    (COLUMNS, CHUNKS), t = geometry, renderer.ctype  # noqa: N806
     return [
         "    if (chunk == 0) {  // serially over the chunks, one thread per column",
         f"        {t} c = chunk_b[lane];",
@@ -197,9 +190,14 @@ def _carry_ins(renderer: CudaRenderer) -> list[str]:
     ]
 
 
-def chunked_kernel(step: Step, nodes: Mapping[int, Node], renderer: CudaRenderer) -> str:
+def chunked_kernel(step: Step, nodes: Mapping[int, Node], renderer: CudaRenderer,
+                   geometry: tuple[int, int] | None = None) -> str:
     """The source of the chunked ``linear_scan`` kernel of ``step`` (module doc), named
-    ``@KERNEL@``; its operands are :func:`scan_kernel`'s."""
+    ``@KERNEL@``, for blocks of ``geometry`` = (``COLUMNS``, ``CHUNKS``) (the schedule's
+    ``scan_columns``, ``scan_chunks``); its operands are :func:`scan_kernel`'s."""
+    default = CudaSchedule()
+    geometry = geometry or (default.scan_columns, default.scan_chunks)
+    COLUMNS, CHUNKS = geometry  # noqa: N806
     (a, b, c0), passed = _operands(step, nodes, renderer)
     reverse, exclusive, written = _direction(step)
     t = renderer.ctype
@@ -210,7 +208,7 @@ def chunked_kernel(step: Step, nodes: Mapping[int, Node], renderer: CudaRenderer
                             f"blocks of {COLUMNS} columns x {CHUNKS} chunks of the steps",
                   len(passed), COLUMNS * CHUNKS)
     lines += [
-        *_chunk_setup(step.node.shape, renderer),
+        *_chunk_setup(step.node.shape, renderer, geometry),
         f"    {t} aggregate_a = {renderer.one};",
         f"    {t} aggregate_b = {renderer.zero};",
         "    if (live && chunk == 0) {  // from c0: final results, and chunk 1's carry-in",
@@ -223,7 +221,7 @@ def chunked_kernel(step: Step, nodes: Mapping[int, Node], renderer: CudaRenderer
         "    chunk_a[threadIdx.x] = aggregate_a;",
         "    chunk_b[threadIdx.x] = aggregate_b;",
         "    __syncthreads();",
-        *_carry_ins(renderer),
+        *_carry_ins(renderer, geometry),
         "    __syncthreads();",
         "    if (live && chunk > 0) {  // rescan from the carry-in",
         f"        {t} c = chunk_b[threadIdx.x];",

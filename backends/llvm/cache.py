@@ -103,9 +103,10 @@ def _environment_key() -> str:
                       ".".join(map(str, llvm.llvm_version_info)), source.hexdigest()])
 
 
-def key(fingerprint: str, dtype: str, convention: str) -> str:
-    """The cache key of the program with structural ``fingerprint`` (hex SHA-256)."""
-    parts = [fingerprint, dtype, convention, _environment_key()]
+def key(fingerprint: str, dtype: str, convention: str, schedule: str = "") -> str:
+    """The cache key of the program with structural ``fingerprint`` (hex SHA-256), built as
+    ``schedule`` says (``Schedule.key()`` and the build: every choice compiled in)."""
+    parts = [fingerprint, dtype, convention, schedule, _environment_key()]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 

@@ -31,6 +31,7 @@ from rnnc.backends.llvm.region import KERNEL_NODES
 from rnnc.backends.llvm.rules import RULES
 from rnnc.backends.llvm.split import panel_work, unit_readers
 from rnnc.backends.llvm.team import Team
+from rnnc.backends.schedule import LlvmSchedule
 from rnnc.backends.steps import GraphSteps, Step, program_steps
 from rnnc.ir import ARG, FUSED, GET, Node, Program
 
@@ -47,29 +48,30 @@ def env_shapes(program: Program) -> dict[str, tuple]:
 
 
 class Lowering:
-    """Builds ``rnnc_run`` for one program: walks its schedule and gives every node a buffer."""
+    """Builds ``rnnc_run`` for one program as its schedule says: walks its steps and gives every
+    node a buffer."""
 
-    def __init__(self, program: Program, convention: Convention, team: bool = False,
-                 one_core: bool = False, units: bool = False,
-                 scan_limits: tuple[int, int] | None = None) -> None:
-        self.schedule = program_steps(program)
+    def __init__(self, program: Program, convention: Convention,
+                 schedule: LlvmSchedule | None = None, team: bool = False) -> None:
+        schedule, self.steps = schedule or LlvmSchedule(), program_steps(program)
         shapes = env_shapes(program)
         plan = Plan(program.dtype, tuple((n, t.shape) for n, (_, t) in program.args.items()),
                     tuple((n, shapes[n]) for n in program.results))
         self.ctx = Context.start(plan, convention, team)
         # A team's threads, and a backend of one thread, call the BLAS on one core.
-        self.ctx.own_max_work = gemm.ONE_CORE_MAX_WORK if team or one_core else gemm.MAX_WORK
-        # A team build splits the nodes of the step body between threads while ``splitting``.
-        self.team = Team(self.ctx, scan_limits) if team else None
+        self.ctx.own_max_work = schedule.own_max_work(team or schedule.threads == 1)
+        # A team build splits the step body's nodes between threads while ``splitting``, and
+        # a linear_scan by columns, or over its steps below the schedule's limits.
+        self.team = Team(self.ctx, schedule.scan_limits()) if team else None
         self.splitting = False
-        self.units = units  # split a gated cell's step by hidden units (split.unit_readers)
+        self.units = schedule.team_split == "units"  # by hidden units (split.unit_readers)
         self.env: dict[str, Buffer] = {n: self.ctx.buffer(k, s)
                                        for k, (n, s) in enumerate(plan.args)}
         self.result_buffers: dict[str, Buffer] = {}
         for k, (name, shape) in enumerate(plan.results):
             self.result_buffers.setdefault(name, self.ctx.buffer(len(plan.args) + k, shape))
-        self.buffers = plan_buffers(self.schedule)
-        self.writers = result_writers(self.schedule)
+        self.buffers = plan_buffers(self.steps)
+        self.writers = result_writers(self.steps)
         # The graph being walked: its plan, the destinations of its outputs by name, and the
         # slot of each plan buffer made so far (the program's, or a region's own).
         self.graph_plan: GraphBuffers = self.buffers.pre
@@ -112,7 +114,7 @@ class Lowering:
         for name, output in graph.outputs.items():
             dest = dests.get(name)
             if name in plan.copies:  # settled: the loop's args are not written in its body
-                self.copy(dest, values[output.slot], graph is self.schedule.body
+                self.copy(dest, values[output.slot], graph is self.steps.body
                           and self.ctx.nodes[output.slot].op is ARG)
             out[name] = values[output.slot] if dest is None else dest
         self.ctx.nodes, self.graph_plan, self.dests = saved
@@ -242,14 +244,14 @@ class Lowering:
     # -- the program
     def lower(self) -> str:
         """The LLVM IR text of the whole program."""
-        schedule, ctx = self.schedule, self.ctx
+        steps, ctx = self.steps, self.ctx
         with self.main_only():
-            self.env.update(self.lower_graph(schedule.pre, self.buffers.pre, self.env, {
-                n: self.destination(n, "pre") for n in schedule.pre.outputs}))
+            self.env.update(self.lower_graph(steps.pre, self.buffers.pre, self.env, {
+                n: self.destination(n, "pre") for n in steps.pre.outputs}))
         self.lower_scan()
         with self.main_only():
-            self.env.update(self.lower_graph(schedule.post, self.buffers.post, self.env, {
-                n: self.destination(n, "post") for n in schedule.post.outputs}))
+            self.env.update(self.lower_graph(steps.post, self.buffers.post, self.env, {
+                n: self.destination(n, "post") for n in steps.post.outputs}))
             for name, buf in self.result_buffers.items():
                 ctx.copy(buf, self.env[name])
         ctx.builder.ret_void()
@@ -265,8 +267,8 @@ class Lowering:
 
     def lower_scan(self) -> None:
         """The time loop: one step of the body per iteration, over double-buffered carries."""
-        scan, ctx, b = self.schedule.scan, self.ctx, self.ctx.builder
-        shape_of = {n: output.shape for n, output in self.schedule.body.outputs.items()}
+        scan, ctx, b = self.steps.scan, self.ctx, self.ctx.builder
+        shape_of = {n: output.shape for n, output in self.steps.body.outputs.items()}
         stacked = {n: self.destination(n, "scan") or ctx.slot(("T",) + shape_of[n])
                    for n in scan.stacked}
         summed = {n: self.destination(n, "scan") or ctx.slot(shape_of[n]) for n in scan.summed}
@@ -301,7 +303,7 @@ class Lowering:
             self.splitting = ctx.one_thread = self.team is not None
             if self.team is not None:
                 self.team.start_step(i)
-            values = self.lower_graph(self.schedule.body, self.buffers.body, bound, dests)
+            values = self.lower_graph(self.steps.body, self.buffers.body, bound, dests)
             for n in scan.summed:
                 self.split([values[n]], [summed[n]],
                            lambda i, o: emit_accumulate(ctx, o[0], i[0]))
@@ -335,13 +337,10 @@ class Lowering:
         return slots
 
 
-def lower(program: Program, convention: Convention, team: bool = False,
-          one_core: bool = False, units: bool = False,
-          scan_limits: tuple[int, int] | None = None) -> tuple[str, Plan]:
-    """The LLVM IR text of ``rnnc_run`` for ``program`` and its buffer plan; ``team``: the
-    build for a thread team (:mod:`rnnc.backends.llvm.team`); ``one_core``: the build of a
-    backend whose BLAS runs on one thread (the panel kernel takes larger products); ``units``:
-    a team build splits a gated cell's step by hidden units; ``scan_limits``: where a team
-    build splits a ``linear_scan`` over its steps (:class:`Team`; None: by columns only)."""
-    lowering = Lowering(program, convention, team, one_core, units, scan_limits)
+def lower(program: Program, convention: Convention, schedule: LlvmSchedule | None = None,
+          team: bool = False) -> tuple[str, Plan]:
+    """The LLVM IR text of ``rnnc_run`` for ``program`` and its buffer plan, as ``schedule``
+    says (its fields that are not ``per_call``); ``team``: the build for a thread team
+    (:mod:`rnnc.backends.llvm.team`), else the build that runs on the calling thread."""
+    lowering = Lowering(program, convention, schedule, team)
     return lowering.lower(), lowering.ctx.plan

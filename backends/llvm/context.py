@@ -92,7 +92,7 @@ class Context:
     # While a thread team's step body is emitted: every BLAS call runs on one thread.
     one_thread: bool = False
     # The most multiply-adds per step a recurrent product runs on rnnc's panel kernel rather
-    # than the BLAS (gemm.MAX_WORK, or gemm.ONE_CORE_MAX_WORK where the BLAS has one core).
+    # than the BLAS (LlvmSchedule.own_max_work).
     own_max_work: int = 12 << 20
 
     @classmethod

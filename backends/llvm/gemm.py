@@ -36,15 +36,8 @@ from rnnc.backends.steps import NUMPY_DTYPES
 
 # Up to this many rows, a GEMM runs in the axpy-form kernel instead of the BLAS.
 SMALL_ROWS = 2
-# Up to this many multiply-adds per step (rows * n * k) the panel kernel on one core beats a
-# BLAS on several: the limit of the one-thread build of a backend with threads > 1.
-MAX_WORK = 12 << 20
-# Where the BLAS would run on one core too (a backend of one thread, or a thread of a team on
-# its own columns) the panel kernel wins far beyond that: it packs the weights once per call,
-# a BLAS call packs them on every step. Measured on a 2-core AMD EPYC (AVX-512), LSTM, H = 512,
-# one thread: 98-101 GFLOP/s with the panel kernel against 79-96 with OpenBLAS from B = 32 to
-# 512 (rows * n * k up to 512 Mi); a C1 LSTM on a team of two, 152 -> 139 ms.
-ONE_CORE_MAX_WORK = 1 << 30
+# How many multiply-adds per step the panel kernel takes before the BLAS does is the schedule's
+# (LlvmSchedule.panel_max_work, .one_core_panel_max_work; Context.own_max_work in a build).
 ROWS = 6  # row block: 2 * ROWS accumulators + 2 weight vectors + 1 broadcast fit in 32 zmm
 # Panel rows per chunk: 2 * lanes * K_CHUNK values (32 KiB) stay in L1 across row tiles.
 K_CHUNK = 256

@@ -4,19 +4,17 @@ Options (the only place that reads environment variables):
 
 - ``blas``: a library name of :mod:`rnnc.backends.llvm.blas` (default ``$RNNC_BLAS`` or the
   preferred installed one);
-- ``threads``: threads, an integer from 1 to :data:`MAX_THREADS` (default ``$RNNC_THREADS``,
-  same range, or the cores this process may use); anything else is an ``RnncError``. They are
-  BLAS's threads, and the size of the thread team when ``team`` is on;
-- ``team``: run the time loop of a sequence whose recurrent products are big enough
-  (:data:`TEAM_MIN_WORK`), or the ``linear_scan`` nodes of one whose scans are
-  (:data:`SCAN_TEAM_MIN_WORK`, :data:`SCAN_THREAD_MIN_BYTES`, :data:`SCAN_CHUNK_MIN_STEPS`,
-  :data:`SCAN_CHUNK_MIN_WORK`), on a team of ``threads``
-  threads, a bool (default: on, unless ``$RNNC_TEAM`` is ``0``; ``docs/threads.md``);
-- ``team_split``: how a team splits a gated cell's step, ``"columns"`` (the default: the
-  recurrent product by column panels, a barrier, the elementwise region by batch rows, a
-  barrier) or ``"units"`` (each thread the product's columns of its hidden units in every gate
-  and the region at those units, one barrier; slower on the 2-core machine it was measured on,
-  ``docs/threads.md``);
+- ``threads``: threads, an integer from 1 to ``LlvmSchedule.MAX_THREADS`` (default
+  ``$RNNC_THREADS``, same range, or the cores this process may use); anything else is an
+  ``RnncError``. They are BLAS's threads, and the size of the thread team when ``team`` is on;
+- ``team``: run the time loop of a sequence whose recurrent products are big enough, or the
+  ``linear_scan`` nodes of one whose scans are, on a team of ``threads`` threads, a bool
+  (default: on, unless ``$RNNC_TEAM`` is ``0``; ``docs/threads.md``);
+- ``team_split``: how a team splits a gated cell's step, ``"columns"`` (the default) or
+  ``"units"`` (:class:`~rnnc.backends.schedule.LlvmSchedule`);
+- ``schedule``: an :class:`~rnnc.backends.schedule.LlvmSchedule` holding every decision of how
+  to run (the thresholds of the team and the panel kernel among them); the three options above
+  fill the fields it leaves None. :meth:`LlvmBackend.schedule` gives the one a program runs;
 - ``cache_dir``: the cache directory (default ``$RNNC_CACHE_DIR``, else
   ``$XDG_CACHE_HOME/rnnc`` or ``~/.cache/rnnc``): object code goes to ``<cache_dir>/llvm``
   and the BLAS tuning file to ``<cache_dir>/blas.json``. ``False`` keeps object code in
@@ -31,6 +29,7 @@ Options (the only place that reads environment variables):
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import math
 import os
 import threading
@@ -43,9 +42,10 @@ from typing import Any
 import numpy as np
 
 from rnnc import backends, diskcache, process
-from rnnc.backends.llvm import autotune, cache, codegen, gemm, pool, scan_chunks, split
+from rnnc.backends.llvm import autotune, cache, codegen, pool, split
 from rnnc.backends.llvm import blas as blas_lib
 from rnnc.backends.llvm.context import Plan
+from rnnc.backends.schedule import LlvmSchedule, gemm_precision, given
 from rnnc.backends.steps import NUMPY_DTYPES, resolve
 from rnnc.errors import BackendUnavailable, RnncTypeError, RnncValueError
 from rnnc.fingerprint import fingerprint
@@ -55,27 +55,6 @@ _ALIGN = 64
 _SIGNATURE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                               ctypes.c_void_p)
 MAX_THREADS = process.MAX_THREADS
-# Multiply-adds of the recurrent products of one step (B times the weights' sizes) from which
-# a sequence runs on the thread team; below it, a team spends more time meeting than working.
-TEAM_MIN_WORK = 1 << 22
-# A sequence also runs on the team, its products below TEAM_MIN_WORK or none, when the pre-
-# and post-loop graphs' linear_scan nodes (split.scan_work) make at least SCAN_TEAM_MIN_WORK
-# multiply-adds (T * B times their features) and the narrowest is split (split.scan_form) by
-# columns, each thread's columns of one step being at least SCAN_THREAD_MIN_BYTES, or, its
-# columns fewer, over its steps, with at least SCAN_CHUNK_MIN_STEPS steps a thread and
-# SCAN_CHUNK_MIN_WORK multiply-adds. The scan is memory-bound: on a 2-core VM
-# (docs/passes.md) the split by columns lost below about 1 Mi multiply-adds (the team's start
-# and two barriers, about 60 us), and at every size where the threads' columns of a step
-# share pages (B * features of 512 floats: 0.4-0.7x), the first touch of the fresh result's
-# pages by two threads at once being slower than by one. The split over steps reads the
-# chunks but the last twice: at B * features of 512 floats it ran the scan at 0.9x at 2 and
-# 4 Mi multiply-adds, 1.1-1.2x at 8 Mi.
-SCAN_TEAM_MIN_WORK = 1 << 21
-SCAN_THREAD_MIN_BYTES = 4096
-SCAN_CHUNK_MIN_STEPS = 64
-SCAN_CHUNK_MIN_WORK = 1 << 23
-# How a team may split a gated cell's step (the ``team_split`` option).
-TEAM_SPLITS = ("columns", "units")
 _threads_set: dict[str, int] = {}
 _threads_lock = process.Lock()
 
@@ -90,12 +69,14 @@ def _cores() -> int:
 class Runner(backends.Runner):
     """``runner(env, dims) -> results`` for one compiled program; safe from many threads."""
 
-    def __init__(self, compiled: cache.Compiled, libraries: list[blas_lib.Blas], threads: int,
-                 dtype: str, compile_seconds: float, tuning_dir: Path | None = None,
+    def __init__(self, compiled: cache.Compiled, libraries: list[blas_lib.Blas],
+                 schedule: LlvmSchedule, dtype: str, compile_seconds: float,
+                 tuning_dir: Path | None = None,
                  team: Callable[[], cache.Compiled] | None = None, team_work: int = 0,
                  scans: tuple[int, int] = (0, 0)) -> None:
         self.compiled = compiled  # keeps the engine alive after the code cache drops it
-        self.threads = threads
+        self.schedule = schedule  # its per-call thresholds choose the team at each (T, B)
+        self.threads = schedule.threads
         # The team build, compiled on first use, and the multiply-adds per batch row and step
         # of the products it splits in the loop and of the linear_scan nodes outside it.
         self._team_build, self.team_work = team, team_work
@@ -149,10 +130,12 @@ class Runner(backends.Runner):
         pays, for the products of each step or for the linear_scan nodes over all steps."""
         if self._team_build is None:
             return 1
+        schedule = self.schedule
         work = T * B * self.scan_work
-        form = self.scan_form(B, T) if 0 < work and work >= SCAN_TEAM_MIN_WORK else None
-        scans = form == "columns" or (form == "steps" and work >= SCAN_CHUNK_MIN_WORK)
-        return self.threads if scans or B * self.team_work >= TEAM_MIN_WORK else 1
+        form = self.scan_form(B, T) if 0 < work and work >= schedule.scan_team_min_work \
+            else None
+        scans = form == "columns" or (form == "steps" and work >= schedule.scan_chunk_min_work)
+        return self.threads if scans or B * self.team_work >= schedule.team_min_work else 1
 
     def scan_form(self, B: int, T: int) -> str | None:
         """How the team build splits the narrowest ``linear_scan`` at (T, B) on a team of
@@ -160,7 +143,8 @@ class Runner(backends.Runner):
         if not self.scan_work:
             return None
         return split.scan_form(B * self.scan_width, self.dtype.itemsize, T, self.threads,
-                               (SCAN_THREAD_MIN_BYTES, SCAN_CHUNK_MIN_STEPS))
+                               (self.schedule.scan_thread_min_bytes,
+                                self.schedule.scan_chunk_min_steps))
 
     def _team_function(self) -> tuple[cache.Compiled, Any]:
         with self._team_lock:
@@ -249,7 +233,8 @@ class LlvmBackend:
     def __init__(self, blas: str | None = None, threads: int | None = None,
                  cache_dir: str | os.PathLike | bool | None = None,
                  code_cache_mb: float | None = None, team: bool | None = None,
-                 team_split: str = "columns", **options: Any) -> None:
+                 team_split: str | None = None, schedule: LlvmSchedule | None = None,
+                 **options: Any) -> None:
         backends.refuse_unknown_options(self.name, LlvmBackend.__init__, options)
         name = blas if blas is not None else process.BLAS.value()
         try:
@@ -259,16 +244,16 @@ class LlvmBackend:
         # A named library is used for every GEMM; otherwise each GEMM shape gets the fastest
         # installed library of the same calling convention.
         self.libraries = [self.blas] if name else blas_lib.same_convention(self.blas)
-        self.threads = _threads_option(threads)
+        asked = given(schedule, LlvmSchedule, self.name).merged(
+            {"threads": threads, "team": team, "team_split": team_split})
+        team = asked.team
         if team is None:
             team = process.TEAM.value(True)
-        if not isinstance(team, bool):
-            raise RnncTypeError(f"team must be True or False, got {team!r}")
-        self.team = team
-        if team_split not in TEAM_SPLITS:
-            raise RnncValueError(f"team_split must be one of {', '.join(map(repr, TEAM_SPLITS))}"
-                                 f", got {team_split!r}")
-        self.team_split = team_split
+        # What every program of this backend starts from (schedule() derives a program's).
+        self.base_schedule = dataclasses.replace(
+            asked, threads=_threads_option(asked.threads), team=team,
+            team_split=asked.team_split or "columns", precision=asked.precision or "fp32")
+        self.threads = self.base_schedule.threads
         if not (cache_dir is None or isinstance(cache_dir, bool | str | os.PathLike)):
             raise RnncTypeError(f"cache_dir must be a directory path, True (the default cache "
                                 f"directory) or False (memory only), got "
@@ -288,49 +273,48 @@ class LlvmBackend:
                     blas_lib.set_threads(self.threads, library)
                     _threads_set[library.name] = self.threads
 
+    def schedule(self, program: Program, mode: str) -> LlvmSchedule:
+        """How ``program`` (the program of ``mode``) runs: the backend's schedule, whatever
+        the program but its products' precision (its thresholds choose the team per call, from
+        ``T`` and ``B``)."""
+        return dataclasses.replace(self.base_schedule, precision=gemm_precision(program))
+
+    def code_key(self, program: Program, mode: str, team: bool = False,
+                 identity: str | None = None) -> str:
+        """The code cache key of ``program``'s build (``team``: the thread team's), hashing
+        what lowering reads: the build and the schedule as it reads it."""
+        built = self.schedule(program, mode).for_build(team)
+        return cache.key(identity or fingerprint(program), program.dtype, self.blas.convention,
+                         built.key() + (":team" if team else ""))
+
     def build(self, program: Program, mode: str) -> Runner:
-        """A callable ``(env, dims) -> results`` running ``program`` natively (lowering reads
-        the program alone: every mode's program is built alike)."""
+        """A callable ``(env, dims) -> results`` running ``program`` natively, as
+        :meth:`schedule` says (lowering reads the program and the schedule alone: every mode's
+        program is built alike)."""
         self._set_threads()
         start = time.perf_counter()
         identity = fingerprint(program)
-        # With one thread the BLAS runs on one core, where the panel kernel takes larger
-        # products (gemm.ONE_CORE_MAX_WORK): a build of its own.
-        one_core = self.threads == 1
-        # The variants' keys name the panel kernel's limit they were built with.
-        own = f"-{gemm.ONE_CORE_MAX_WORK}"
-        k = cache.key(identity, program.dtype,
-                      self.blas.convention + (":one-core" + own if one_core else ""))
+        schedule = self.schedule(program, mode)
         fits = lambda plan: cache.plan_fits(plan, program)  # noqa: E731
-        compiled = self.cache.get(
-            k, identity, lambda: codegen.lower(program, self.blas.convention, one_core=one_core),
-            fits)
+
+        def compiled(team: bool) -> cache.Compiled:
+            return self.cache.get(self.code_key(program, mode, team, identity), identity,
+                                  lambda: codegen.lower(program, self.blas.convention,
+                                                        schedule.for_build(team), team), fits)
+
         team, work, scans = None, split.team_work(program), split.scan_work(program)
-        if self.team and self.threads > 1 and (work or scans[0]):
-            units = self.team_split == "units"
-            # Where a scan is split over its steps is compiled in: the key names it.
-            limits = (SCAN_THREAD_MIN_BYTES, SCAN_CHUNK_MIN_STEPS)
-            team_key = cache.key(identity, program.dtype,
-                                 self.blas.convention + (":team-units" if units else ":team")
-                                 + own + f"-scan{limits[0]}-{limits[1]}-"
-                                 f"{scan_chunks.FIRST_CHUNK_WEIGHT}")
-            team = lambda: self.cache.get(  # noqa: E731
-                team_key, identity,
-                lambda: codegen.lower(program, self.blas.convention, True, units=units,
-                                      scan_limits=limits), fits)
-        return Runner(compiled, self.libraries, self.threads, program.dtype,
+        if schedule.team and schedule.threads > 1 and (work or scans[0]):
+            team = lambda: compiled(True)  # noqa: E731
+        return Runner(compiled(False), self.libraries, schedule, program.dtype,
                       time.perf_counter() - start, self.tuning_dir, team, work, scans)
 
 
 def _threads_option(threads: int | None) -> int:
-    """The BLAS thread count from ``threads=`` or ``$RNNC_THREADS``, checked."""
-    if threads is None:
-        return process.THREADS.value() or min(_cores(), MAX_THREADS)
-    if not isinstance(threads, int) or isinstance(threads, bool) or \
-            not 1 <= threads <= MAX_THREADS:
-        raise RnncValueError(f"threads must be a whole number of BLAS threads from 1 to "
-                             f"{MAX_THREADS}, got {threads!r}")
-    return threads
+    """The BLAS thread count: ``threads`` (checked by the schedule), else ``$RNNC_THREADS``
+    (checked by rnnc.process), else every core this process may use."""
+    if threads is not None:
+        return threads
+    return process.THREADS.value() or min(_cores(), LlvmSchedule.MAX_THREADS)
 
 
 def _memory_bound(code_cache_mb: float | None) -> int | None:

@@ -1,8 +1,8 @@
 """``linear_scan`` split over its steps across a thread team: reduce, then scan.
 
 A team build (:mod:`rnnc.backends.llvm.team`) splits a ``linear_scan`` by columns when each
-thread's columns of one step fill a page (``runtime.SCAN_THREAD_MIN_BYTES``); a narrower scan
-(``B = 1, H = 512`` in float32 is 2 KiB a step) is split over its steps instead, one chunk of
+thread's columns of one step fill a page (``LlvmSchedule.scan_thread_min_bytes``); a narrower
+scan (``B = 1, H = 512`` in float32 is 2 KiB a step) is split over its steps instead, one chunk of
 consecutive steps per thread, in scan order (from the last step when reversed): thread ``k``
 owns the steps ``[S_k, S_k+1)``, ``S_0 = 0``, ``S_N = T``.
 
@@ -18,8 +18,8 @@ owns the steps ``[S_k, S_k+1)``, ``S_0 = 0``, ``S_N = T``.
 Thread 0 makes one pass over its steps, the others two, and thread 1's reduction of the
 first chunk is what the others wait for: with ``r`` the time of a reduction step over that
 of a scan step, all threads finish together when the first chunk has ``1 / (1 - r)`` times
-the steps of each other chunk (``L0 = r L0 + L``). :data:`FIRST_CHUNK_WEIGHT` is that ratio
-in sixteenths, from the measurement in ``docs/passes.md`` (parallel-scan).
+the steps of each other chunk (``L0 = r L0 + L``). ``LlvmSchedule.scan_first_chunk_weight`` is
+that ratio in sixteenths, from the measurement in ``docs/passes.md`` (parallel-scan).
 
 On a team of two, thread 1 reduces the first chunk from ``c0`` by the scan's own operations:
 the results are bitwise those of one thread. On larger teams the carries are composed in
@@ -41,10 +41,9 @@ from llvmlite import ir
 from rnnc.backends.llvm.context import I64, Buffer, Context, Shape
 from rnnc.backends.llvm.kernels import Kernel, emit_loop
 from rnnc.backends.llvm.scan import emit_linear_scan_columns, operand_strides
+from rnnc.backends.schedule import LlvmSchedule
 from rnnc.ir import Node
 
-# The first chunk's steps over each other chunk's, in sixteenths (docs/passes.md).
-FIRST_CHUNK_WEIGHT = 48
 WORKSPACE_BYTES = 4 << 20
 BUFFERS_PER_THREAD = 4
 # The smallest normal float and double: a product of coefficients below it is flushed to 0,
@@ -58,30 +57,35 @@ def fits(columns: int, threads: int, itemsize: int) -> bool:
     return threads * BUFFERS_PER_THREAD * columns * itemsize <= WORKSPACE_BYTES
 
 
-def chunk_bounds(steps: int, threads: int) -> list[int]:
-    """``[S_0, .., S_N]``: thread ``k`` scans the steps ``[S_k, S_k+1)`` in scan order (the
+def chunk_bounds(steps: int, threads: int, weight: int | None = None) -> list[int]:
+    """``[S_0, .., S_N]``: thread ``k`` scans the steps ``[S_k, S_k+1)`` in scan order, the
+    first chunk ``weight`` sixteenths of each other's (None: the schedule's default; the
     generated code computes the same integers)."""
-    units = FIRST_CHUNK_WEIGHT + 16 * (threads - 1)
-    return [0] + [steps * (FIRST_CHUNK_WEIGHT + 16 * (k - 1)) // units
-                  for k in range(1, threads + 1)]
+    weight = LlvmSchedule().scan_first_chunk_weight if weight is None else weight
+    units = weight + 16 * (threads - 1)
+    return [0] + [steps * (weight + 16 * (k - 1)) // units for k in range(1, threads + 1)]
 
 
 def _c(v: int) -> ir.Constant:
     return ir.Constant(I64, v)
 
 
-def _bound(b: ir.IRBuilder, steps: ir.Value, k: ir.Value, size: ir.Value) -> ir.Value:
-    """``S_k`` of :func:`chunk_bounds` for the i64 values ``k`` and ``size``."""
-    units = b.add(_c(FIRST_CHUNK_WEIGHT), b.mul(_c(16), b.sub(size, _c(1))))
-    weight = b.add(_c(FIRST_CHUNK_WEIGHT), b.mul(_c(16), b.sub(k, _c(1))))
+def _bound(b: ir.IRBuilder, steps: ir.Value, k: ir.Value, size: ir.Value, first: int
+           ) -> ir.Value:
+    """``S_k`` of :func:`chunk_bounds` for the i64 values ``k`` and ``size``, the first
+    chunk's weight ``first``."""
+    units = b.add(_c(first), b.mul(_c(16), b.sub(size, _c(1))))
+    weight = b.add(_c(first), b.mul(_c(16), b.sub(k, _c(1))))
     return b.select(b.icmp_signed("==", k, _c(0)), _c(0), b.sdiv(b.mul(steps, weight), units))
 
 
 def emit_chunked_scan(ctx: Context, node: Node, buffers: tuple[Buffer, ...], space: Buffer,
-                      thread: tuple[ir.Value, ir.Value], meet: Callable[[], None]) -> None:
+                      thread: tuple[ir.Value, ir.Value], meet: Callable[[], None],
+                      weight: int) -> None:
     """This thread's part of ``out = linear_scan(a, b, c0)``, ``buffers`` being
     ``(out, a, b, c0)``, split over the steps; ``thread`` is ``(tid, team size)``, ``space``
-    the workspace and ``meet()`` emits the barrier of threads 1 .. N-1."""
+    the workspace, ``meet()`` emits the barrier of threads 1 .. N-1 and ``weight`` is the
+    first chunk's (:func:`chunk_bounds`)."""
     out, a, b_, c0 = buffers
     b = ctx.builder
     tid, size = thread
@@ -94,7 +98,7 @@ def emit_chunked_scan(ctx: Context, node: Node, buffers: tuple[Buffer, ...], spa
     carry = column_vector(tid, 2)
     with b.if_then(b.icmp_signed(">", tid, _c(0))):
         previous = b.sub(tid, _c(1))
-        steps = (_bound(b, ctx.T, previous, size), _bound(b, ctx.T, tid, size))
+        steps = (_bound(b, ctx.T, previous, size, weight), _bound(b, ctx.T, tid, size, weight))
         from_start = b.zext(b.icmp_signed("==", tid, _c(1)), I64)
         _emit_reduce(ctx, node, out.shape,
                      (a, b_, c0, column_vector(tid, 0), column_vector(tid, 1)),
@@ -102,7 +106,8 @@ def emit_chunked_scan(ctx: Context, node: Node, buffers: tuple[Buffer, ...], spa
         meet()
         _emit_carry(ctx, space, carry, (tid, total))
     start = Buffer(b.select(b.icmp_signed("==", tid, _c(0)), c0.ptr, carry.ptr), c0.shape)
-    steps = (_bound(b, ctx.T, tid, size), _bound(b, ctx.T, b.add(tid, _c(1)), size))
+    steps = (_bound(b, ctx.T, tid, size, weight),
+             _bound(b, ctx.T, b.add(tid, _c(1)), size, weight))
     emit_linear_scan_columns(ctx, node, (out, a, b_, start), column_vector(tid, 3),
                              (_c(0), total), steps)
 

@@ -18,8 +18,9 @@ runs on every thread. Each node of the step body is one of:
 
 - ``columns``: a recurrent product ``a @ w`` whose output columns are split in whole panels of
   rnnc's panel kernel (:mod:`rnnc.backends.llvm.gemm`); each thread packs and multiplies its
-  own panels, or, beyond ``gemm.ONE_CORE_MAX_WORK`` multiply-adds per step, calls the BLAS on
-  its own columns with the library set to one thread (by thread 0 at the first step);
+  own panels, or, beyond the schedule's ``one_core_panel_max_work`` multiply-adds per step,
+  calls the BLAS on its own columns with the library set to one thread (by thread 0 at the
+  first step);
 - ``rows``: a node whose every buffer has the batch axis ``B`` first or not at all and whose
   results all have it (elementwise, layout, a reduction over features, a copy): each thread
   computes a contiguous block of batch rows;
@@ -132,11 +133,13 @@ def barrier_function(module: ir.Module) -> ir.Function:
 class Team:
     """Splits the nodes of one step body between the team's threads while it is lowered."""
 
-    def __init__(self, ctx: Context, scan_limits: tuple[int, int] | None = None) -> None:
+    def __init__(self, ctx: Context, scan_limits: tuple[int, int, int] | None = None) -> None:
         self.ctx = ctx
-        # (bytes, steps): a linear_scan is split over its steps where each thread's columns of
-        # a step make fewer bytes and there are at least that many steps a thread
-        # (runtime.SCAN_THREAD_MIN_BYTES, runtime.SCAN_CHUNK_MIN_STEPS); None: by columns only.
+        # (bytes, steps, weight): a linear_scan is split over its steps where each thread's
+        # columns of a step make fewer bytes and there are at least that many steps a thread,
+        # the first chunk ``weight`` sixteenths of the others (LlvmSchedule.
+        # scan_thread_min_bytes, .scan_chunk_min_steps, .scan_first_chunk_weight); None: by
+        # columns only.
         self.scan_limits = scan_limits
         # The workspace of the scans split over their steps, and how many were emitted.
         self.chunk_space: Buffer | None = None
@@ -204,7 +207,8 @@ class Team:
             with b.if_else(self._by_steps(total)) as (by_steps, by_columns):
                 with by_steps:
                     emit_chunked_scan(ctx, node, (out, *operands), self.chunk_space,
-                                      (self.tid, self.size), self._scan_barrier)
+                                      (self.tid, self.size), self._scan_barrier,
+                                      self.scan_limits[2])
                 with by_columns:
                     self._scan_columns(node, (out, *operands), work, total)
         self.barrier()
@@ -238,7 +242,7 @@ class Team:
         """Whether a scan of ``total`` columns is split over its steps: the generated form of
         :func:`rnnc.backends.llvm.split.scan_form`."""
         b, ctx = self.ctx.builder, self.ctx
-        least_bytes, least_steps = self.scan_limits
+        least_bytes, least_steps, _ = self.scan_limits
         size_bytes = b.mul(total, _c(ctx.itemsize))
         narrow = b.icmp_signed("<", size_bytes, b.mul(self.size, _c(least_bytes)))
         long = b.icmp_signed(">=", ctx.T, b.mul(self.size, _c(least_steps)))
@@ -309,8 +313,8 @@ class Team:
     def panel_product(self, a: Buffer, w: Buffer, out: Buffer, transposed: bool,
                       panels: tuple[ir.Value, ir.Value], gates: int = 1) -> None:
         """The column panels ``panels`` of each of ``gates`` equal blocks of columns of
-        ``out = a @ w`` (``a @ w.T``): on the panel kernel up to
-        :data:`gemm.ONE_CORE_MAX_WORK` multiply-adds, beyond it one one-thread BLAS call per
+        ``out = a @ w`` (``a @ w.T``): on the panel kernel up to the schedule's
+        ``one_core_panel_max_work`` multiply-adds, beyond it one one-thread BLAS call per
         block."""
         ctx, b = self.ctx, self.ctx.builder
         k_size, n = w.shape[::-1] if transposed else w.shape

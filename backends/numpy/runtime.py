@@ -15,6 +15,7 @@ import numpy as np
 from rnnc import ops
 from rnnc.backends import Runner
 from rnnc.backends.numpy.rules import RULES
+from rnnc.backends.schedule import Schedule, gemm_precision
 from rnnc.backends.steps import GraphSteps, ProgramSteps, program_steps, resolve
 from rnnc.errors import RnncValueError
 from rnnc.ir import ARG, FUSED, GET, Program
@@ -103,6 +104,10 @@ class NumpyBackend:
     def __init__(self, **options: Any) -> None:
         if options:
             raise RnncValueError(f"backend 'numpy' takes no options, got {sorted(options)}")
+
+    def schedule(self, program: Program, mode: str) -> Schedule:
+        """How ``program`` runs: the interpreter has one way, every product in its dtype."""
+        return Schedule(precision=gemm_precision(program))
 
     def build(self, program: Program, mode: str) -> Runner:
         """A callable ``(env, dims) -> results`` for ``program`` (the interpreter runs every

@@ -226,6 +226,10 @@ def _dump(args: argparse.Namespace) -> int:
                          "bench --modes uses); 'train' still works\n")
     cell = load_cell(args.cell, args.input_size, args.hidden_size, named)
     modes = DUMP_MODES["training" if args.mode == "train" else args.mode]
+    if args.schedule:
+        for mode in modes:
+            print(_schedule_text(cell, mode, args.backend))
+        return 0
     drawn = []
     for mode in modes:
         if args.format == "text":
@@ -246,6 +250,22 @@ def _dump(args: argparse.Namespace) -> int:
     elif args.format == "svg":  # one picture: both programs of training in one graph
         sys.stdout.write(_svg(to_dot_all(drawn, f"{cell.name} {args.mode}")))
     return 0
+
+
+def _schedule_text(cell: Any, mode: str, backend: str | None) -> str:
+    """How ``backend`` (None: rnnc.compile's default) runs ``cell``'s program of ``mode``: its
+    default schedule (rnnc.backends.schedule), one field a line under a title."""
+    from rnnc import backends, passes
+    from rnnc.api import backend_pipeline
+    from rnnc.ir import retype
+    from rnnc.settings import fastest_backend
+
+    name = fastest_backend() if backend is None else backend
+    program = passes.run(retype(cell.program(), "f32"), backend_pipeline(mode, name))
+    # The schedule does not depend on the GPU: an emulated CUDA backend derives the same.
+    runner = backends.get(name, **({"emulate": True} if name == "cuda" else {}))
+    return f"# {cell.name} {mode}: schedule of backend {name}\n" \
+        f"{runner.schedule(program, mode).describe()}\n"
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -292,6 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "literal (3, 0.5, True, 'text', (1, 2)) or a bare word taken as text. "
                            "The sizes go to the first two positional parameters that no --arg "
                            "names; a factory with fewer gets the --arg values only")
+    dump.add_argument("--schedule", action="store_true",
+                      help="print how the backend runs the program instead of its IR: its "
+                           "schedule, every decision of how to run it (rnnc.backends.schedule)")
     dump.set_defaults(func=_dump)
 
     demo = sub.add_parser("demo", help="define, optimize, check, train and time a custom cell")

@@ -27,8 +27,8 @@ pytest.importorskip("llvmlite")
 import rnnc  # noqa: E402
 from rnnc import diskcache  # noqa: E402
 from rnnc.backends.llvm import autotune, blas, cache  # noqa: E402
-from rnnc.backends.llvm.runtime import MAX_THREADS, LlvmBackend  # noqa: E402
-from rnnc.fingerprint import fingerprint  # noqa: E402
+from rnnc.backends.llvm.runtime import LlvmBackend  # noqa: E402
+from rnnc.backends.schedule import LlvmSchedule  # noqa: E402
 
 ROOT_USER = hasattr(os, "geteuid") and os.geteuid() == 0
 REPO = Path(__file__).parents[2]
@@ -69,8 +69,7 @@ def _fresh(root: Path) -> LlvmBackend:
 
 def _entry(root: Path, program) -> Path:
     backend = LlvmBackend(cache_dir=root)
-    k = cache.key(fingerprint(program), program.dtype, backend.blas.convention)
-    return backend.cache.path(k)
+    return backend.cache.path(backend.code_key(program, "inference"))
 
 
 def _leftovers(root: Path) -> list[Path]:
@@ -663,6 +662,7 @@ def test_bad_rnnc_threads_is_an_rnnc_error(monkeypatch, value: str) -> None:
 
 
 def test_thread_counts_in_range_are_accepted(monkeypatch) -> None:
+    MAX_THREADS = LlvmSchedule.MAX_THREADS  # noqa: N806
     monkeypatch.setenv("RNNC_THREADS", " 2 ")
     assert LlvmBackend(cache_dir=False).threads == 2
     monkeypatch.delenv("RNNC_THREADS")

@@ -350,7 +350,8 @@ def test_without_cupy_or_device_the_backend_is_unavailable(
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy(0, []))
     with pytest.raises(BackendUnavailable, match="no CUDA device.*emulate=True"):
         rnnc.compile(cell, backend="cuda")
-    with pytest.raises(RnncValueError, match="emulate=, graph=, precision= and fused_step="):
+    with pytest.raises(RnncValueError, match="emulate=, graph=, precision=, fused_step= and "
+                                             "schedule="):
         rnnc.compile(cell, backend="cuda", emulate=True, fast=True)
 
 

@@ -21,6 +21,7 @@ import rnnc
 from rnnc.backends.cuda import autotune, codegen, cooperative
 from rnnc.backends.cuda.persistent import persistent_tile, resident_blocks
 from rnnc.backends.cuda.ptx import NO_COMPILER, available_compiler, compile_ptx
+from rnnc.backends.schedule import CudaSchedule
 from tests.backends import test_cuda_fused_step as fused_step_tests
 from tests.backends.test_cuda_autotune import FakeStream
 
@@ -99,12 +100,12 @@ def test_training_matches_the_oracle(name: str, dtype: type, reverse: bool) -> N
     assert "gemm" in plans(fn, "backward")[0].per_step(0)
 
 
-def run_limited(monkeypatch: pytest.MonkeyPatch, blocks: int, B: int, H: int) -> dict:
+def run_limited(blocks: int, B: int, H: int) -> dict:
     """An LSTM inference of B rows and H units with room for ``blocks`` resident blocks: the
     last step's work, after checking the results against the oracle."""
-    monkeypatch.setattr(cooperative, "MAX_COOPERATIVE_BLOCKS", blocks)
     cell = make("lstm", H)
-    fn = rnnc.compile(cell, backend="cuda", emulate=True, fused_step="persistent")
+    fn = rnnc.compile(cell, backend="cuda", emulate=True, fused_step="persistent",
+                      schedule=CudaSchedule(persistent_max_blocks=blocks))
     x, params, states, lengths = case(cell, B, np.float32, seed=3)
     ys, finals = fn(x, params, states=states, lengths=lengths)
     want, want_finals = rnnc.compile(cell, optimize=False)(x, params, states=states,
@@ -115,10 +116,9 @@ def run_limited(monkeypatch: pytest.MonkeyPatch, blocks: int, B: int, H: int) ->
     return plan
 
 
-def test_a_grid_of_fewer_blocks_than_row_tiles_loops_over_them(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_grid_of_fewer_blocks_than_row_tiles_loops_over_them() -> None:
     """B = 70 is three tiles of 32 rows; one resident block computes them all each step."""
-    plan = run_limited(monkeypatch, 1, 70, 5)
+    plan = run_limited(1, 70, 5)
     assert_persistent(plan)
     assert plan.path == "persistent"  # what Function.launch_report() names
     (launch,) = [call for call, entry in zip(plan.calls, plan.entries, strict=True)
@@ -126,10 +126,9 @@ def test_a_grid_of_fewer_blocks_than_row_tiles_loops_over_them(
     assert launch.args[0] == (1,)  # the grid
 
 
-def test_a_grid_that_does_not_fit_falls_back_to_fused_steps(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_grid_that_does_not_fit_falls_back_to_fused_steps() -> None:
     """H = 40 needs two blocks of 32 units; with room for one the steps run one by one."""
-    plan = run_limited(monkeypatch, 1, 3, 40)
+    plan = run_limited(1, 3, 40)
     assert "persistent" not in plan.count("body")
     assert plan.path == "fused"  # the report names the path that runs, not the one asked for
     assert all(plan.per_step(step) == {"kernel": 1} for step in range(T))
@@ -209,6 +208,10 @@ def test_a_timed_choice_can_keep_the_persistent_plan(monkeypatch: pytest.MonkeyP
     chosen = runner._new_plan(("a new shape",), env, {"T": T, "B": 2})
     assert timed == ["fused", "persistent"]
     assert_persistent(chosen)
+    # The search was over schedules: the runner's, with each path's fixed fused_step.
+    assert runner.schedule.fused_step == "persistent"
+    assert runner.schedules[("a new shape",)] == CudaSchedule(
+        precision="highest", fused_step="persistent")
     for name, array in env.items():
         np.copyto(chosen.inputs[name], array)
     chosen.run()

@@ -19,12 +19,14 @@ import rnnc
 from rnnc import backends
 from rnnc.backends.cuda import codegen, scan
 from rnnc.backends.cuda.ptx import NO_COMPILER, available_compiler, compile_ptx
+from rnnc.backends.schedule import CudaSchedule
 from tests.backends import scan_cells
 from tests.backends.test_linear_scan_backends import ATTRS, SHAPES, environment, loop, program
 
 # (T, B): fewer steps than chunks, one step, uneven chunks, and more columns than one block
 # (B * N columns, never a whole number of blocks of COLUMNS).
-SIZES = [(1, 3), (7, 3), (scan.CHUNKS + 1, 3), (3 * scan.CHUNKS - 5, 9)]
+CHUNKS, COLUMNS = CudaSchedule().scan_chunks, CudaSchedule().scan_columns
+SIZES = [(1, 3), (7, 3), (CHUNKS + 1, 3), (3 * CHUNKS - 5, 9)]
 
 
 def launched(runner) -> set[str]:
@@ -46,18 +48,18 @@ def chunked_names(runner) -> set[str]:
             if getattr(work, "chunked", "")}
 
 
-@pytest.fixture
-def chunked_from_one_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The host chooses the chunked kernel whatever the number of steps."""
-    monkeypatch.setattr(scan, "CHUNKED_MIN_STEPS", 1)
+# The host chooses the chunked kernel whatever the number of steps.
+CHUNKED_FROM_ONE_STEP = CudaSchedule(scan_chunked_min_steps=1)
+MIN_STEPS = CudaSchedule().scan_chunked_min_steps
+MAX_COLUMNS = CudaSchedule().scan_chunked_max_columns
 
 
-@pytest.mark.usefixtures("chunked_from_one_step")
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("row", sorted(SHAPES))
 def test_chunked_kernel_matches_the_loop(row: str, dtype) -> None:
     name = "f64" if dtype == np.float64 else "f32"
-    runner = backends.get("cuda", emulate=True).build(program(row, name), "inference")
+    runner = backends.get("cuda", emulate=True, schedule=CHUNKED_FROM_ONE_STEP).build(
+        program(row, name), "inference")
     tol = 1e-10 if dtype == np.float64 else 1e-5
     for steps, batch in SIZES:
         env = environment(row, dtype, steps, batch)
@@ -73,25 +75,47 @@ def test_chunked_kernel_matches_the_loop(row: str, dtype) -> None:
     assert len(names) == len(ATTRS) and launched(runner) & scan_names(runner) == names
 
 
+def test_a_schedule_sets_the_chunked_block() -> None:
+    """Blocks of 8 columns x 4 chunks (the schedule's scan_columns, scan_chunks): the kernel
+    is written for them, the host launches them, and the results match the float64 loop."""
+    small = CudaSchedule(scan_chunked_min_steps=1, scan_columns=8, scan_chunks=4)
+    runner = backends.get("cuda", emulate=True, schedule=small).build(
+        program("sequences", "f64"), "inference")
+    assert "blocks of 8 columns x 4 chunks" in runner.source
+    steps, batch = 11, 5  # uneven chunks of 3 steps; 5 x N columns, a partial block of 8
+    env = environment("sequences", np.float64, steps, batch)
+    got = runner(env, {"T": steps, "B": batch})
+    for k, attrs in enumerate(ATTRS):
+        want = loop(env["A"].astype(np.float64), env["Bv"].astype(np.float64),
+                    env["h"].astype(np.float64), steps=steps, **attrs)
+        np.testing.assert_allclose(got[f"C{k}"], want, rtol=1e-10, atol=1e-12, err_msg=attrs)
+    assert scan.chunked_geometry(steps, 70, small) == (9, 32)
+    assert launched(runner) & scan_names(runner) == chunked_names(runner)
+
+
 def test_the_host_chooses_by_steps_and_columns() -> None:
     runner = backends.get("cuda", emulate=True).build(program("sequences", "f64"), "inference")
-    for steps in (scan.CHUNKED_MIN_STEPS - 1, scan.CHUNKED_MIN_STEPS):
+    for steps in (MIN_STEPS - 1, MIN_STEPS):
         runner(environment("sequences", np.float64, steps, 2), {"T": steps, "B": 2})
     plans = list(runner.plans.plans.values())
     few, many = ({func.name for func in plan.functions() if hasattr(func, "name")}
                  for plan in plans)
     assert few & scan_names(runner) and not few & chunked_names(runner)
     assert many & scan_names(runner) == chunked_names(runner)
-    assert scan.chunked_geometry(scan.CHUNKED_MIN_STEPS, 70) == (
-        3, scan.COLUMNS * scan.CHUNKS)
-    assert scan.chunked_geometry(scan.CHUNKED_MIN_STEPS - 1, 70) is None
-    assert scan.chunked_geometry(4096, scan.CHUNKED_MAX_COLUMNS) is None
-    assert scan.chunked_geometry(4096, scan.CHUNKED_MAX_COLUMNS - 1) is not None
+    assert scan.chunked_geometry(MIN_STEPS, 70) == (3, COLUMNS * CHUNKS)
+    assert scan.chunked_geometry(MIN_STEPS - 1, 70) is None
+    assert scan.chunked_geometry(4096, MAX_COLUMNS) is None
+    assert scan.chunked_geometry(4096, MAX_COLUMNS - 1) is not None
+    # A schedule moves both thresholds.
+    moved = CudaSchedule(scan_chunked_min_steps=3, scan_chunked_max_columns=71)
+    assert scan.chunked_geometry(3, 70, moved) is not None
+    assert scan.chunked_geometry(2, 70, moved) is None
+    assert scan.chunked_geometry(3, 71, moved) is None
 
 
 # ------------------------------------------------------------------ whole cells
 
-STEPS = 2 * scan.CHUNKED_MIN_STEPS + 3  # chosen by the host, uneven chunks
+STEPS = 2 * MIN_STEPS + 3  # chosen by the host, uneven chunks
 CELLS = {
     "min_gru": lambda: rnnc.cells.min_gru(3, 6),
     "min_lstm": lambda: rnnc.cells.min_lstm(3, 6),

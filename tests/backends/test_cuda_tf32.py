@@ -8,6 +8,7 @@ import pytest
 
 import rnnc
 from rnnc.backends.cuda.precision import round_tf32
+from rnnc.backends.schedule import CudaSchedule
 from rnnc.errors import RnncValueError
 
 ULP_TF32 = 2.0 ** -10  # the spacing of TF32 values in [1, 2)
@@ -65,7 +66,25 @@ def test_tf32_leaves_float64_programs_alone() -> None:
     assert errors["tf32"] == errors["highest"] < 1e-12
 
 
-@pytest.mark.parametrize("bad", ["TF32", "fp16", None, 32])
+@pytest.mark.parametrize("bad", ["TF32", "fp16", 32])
 def test_an_unknown_precision_is_named(bad) -> None:
     with pytest.raises(RnncValueError, match="precision must be one of 'fp32', 'tf32', 'bf16'"):
         rnnc.compile(rnnc.cells.lstm(2, 2), backend="cuda", emulate=True, precision=bad)
+    with pytest.raises(RnncValueError, match="precision must be one of 'highest', 'tf32'"):
+        CudaSchedule(precision=bad)
+
+
+def test_precision_none_is_the_default_and_a_schedule_may_carry_it() -> None:
+    """precision=None, like every backend option, means the default ("fp32", also called "highest"); a schedule
+    carries the precision too, and giving it both ways is refused."""
+    cell = rnnc.cells.lstm(2, 2)
+    program = rnnc.compile(cell, backend="numpy").program("inference", "f32")
+    backend = rnnc.backends.get("cuda", emulate=True, precision=None)
+    assert backend.schedule(program, "inference").precision == "fp32"
+    tf32 = rnnc.backends.get("cuda", emulate=True, schedule=CudaSchedule(precision="tf32"))
+    # TF32 keeps the GEMM path: the fused kernel computes its product in full float32.
+    assert tf32.schedule(program, "inference") == CudaSchedule(precision="tf32",
+                                                               fused_step="never")
+    with pytest.raises(RnncValueError, match="precision is given both"):
+        rnnc.backends.get("cuda", emulate=True, precision="tf32",
+                          schedule=CudaSchedule(precision="tf32"))

@@ -17,6 +17,8 @@ and the runner's decision at the default thresholds.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -25,6 +27,7 @@ pytest.importorskip("llvmlite")
 import rnnc  # noqa: E402
 from rnnc import ops  # noqa: E402
 from rnnc.backends.llvm import codegen, runtime, scan_chunks, split  # noqa: E402
+from rnnc.backends.schedule import LlvmSchedule  # noqa: E402
 from rnnc.backends.steps import program_steps  # noqa: E402
 from tests.backends import scan_cells  # noqa: E402
 from tests.backends import test_llvm_scan_team as scan_team  # noqa: E402
@@ -43,18 +46,14 @@ THREADS = (1, 2, 3)
 _compiled: dict[tuple, rnnc.Function] = {}
 
 
-@pytest.fixture(autouse=True)
-def _scans_over_steps(monkeypatch) -> None:
-    """Every scan on the team, split over its steps (no thread's columns fill 1 MiB)."""
-    monkeypatch.setattr(runtime, "SCAN_TEAM_MIN_WORK", 0)
-    monkeypatch.setattr(runtime, "SCAN_THREAD_MIN_BYTES", 1 << 20)
-    monkeypatch.setattr(runtime, "SCAN_CHUNK_MIN_STEPS", 0)
-    monkeypatch.setattr(runtime, "SCAN_CHUNK_MIN_WORK", 0)
+# Every scan on the team, split over its steps (no thread's columns fill 1 MiB).
+OVER_STEPS = LlvmSchedule(scan_team_min_work=0, scan_thread_min_bytes=1 << 20,
+                          scan_chunk_min_steps=0, scan_chunk_min_work=0)
 
 
 def function(name: str, reverse: bool, threads: int | None) -> rnnc.Function:
     """The cell compiled as the oracle (threads None) or by LLVM with parallel-scan."""
-    return scan_team.function(name, reverse, threads, _compiled)
+    return scan_team.function(name, reverse, threads, _compiled, OVER_STEPS)
 
 
 def everything(fn: rnnc.Function, name: str, steps: int, lengths) -> dict[str, np.ndarray]:
@@ -108,7 +107,8 @@ def test_hand_built_scans_split_over_steps(row: str, dtype, steps: int, team_cal
                                                                   strict=True))
     tol = 1e-12 if dtype == np.float64 else 2e-5
     for threads in (2, 3):
-        runner = rnnc.backends.get("llvm", threads=threads, team=True, cache_dir=False).build(
+        runner = rnnc.backends.get("llvm", threads=threads, team=True, cache_dir=False,
+                                   schedule=OVER_STEPS).build(
             program(row, "f64" if dtype == np.float64 else "f32"), "inference")
         assert runner.scan_form(3, steps) == "steps"
         got = runner(env, {"T": steps, "B": 3})
@@ -128,29 +128,47 @@ def test_every_scan_of_a_team_build_can_take_the_steps_form(mode: str) -> None:
     scans = sum(step.op is ops.linear_scan for graph in (schedule.pre, schedule.post)
                 for step in graph.steps)
     assert scans > 0
-    for limits, chunked in (((4096, 64), scans), (None, 0)):
-        lowering = codegen.Lowering(program, "cblas", team=True, scan_limits=limits)
+    # A thread's columns of a step fill 4 KiB nowhere here; with no limit in bytes, they do.
+    for schedule, chunked in ((LlvmSchedule(), scans), (LlvmSchedule(scan_thread_min_bytes=0),
+                                                        0)):
+        lowering = codegen.Lowering(program, "cblas", schedule, team=True)
         lowering.lower()
         assert lowering.team.chunked_scans == chunked
 
 
 def test_chunk_bounds_weight_the_first_chunk() -> None:
-    weight = scan_chunks.FIRST_CHUNK_WEIGHT
+    weight = LlvmSchedule().scan_first_chunk_weight
     assert scan_chunks.chunk_bounds(1000, 1) == [0, 1000]
     bounds = scan_chunks.chunk_bounds(1000, 3)
     assert bounds[0] == 0 and bounds[-1] == 1000 and bounds == sorted(bounds)
     assert bounds[1] == 1000 * weight // (weight + 32)
     assert scan_chunks.chunk_bounds(2, 3)[-1] == 2 and scan_chunks.chunk_bounds(0, 3) == [0] * 4
+    assert scan_chunks.chunk_bounds(999, 3, 16) == [0, 333, 666, 999]  # equal chunks
 
 
-def test_form_at_the_default_thresholds(monkeypatch) -> None:
+def test_a_schedule_sets_the_first_chunk_s_weight(team_calls) -> None:
+    """Equal chunks (a weight of 16 sixteenths) on three threads: the generated bounds are the
+    schedule's, and the scan still matches the float64 loop."""
+    equal = dataclasses.replace(OVER_STEPS, scan_first_chunk_weight=16)
+    env = environment("sequences", np.float64, 17)
+    runner = rnnc.backends.get("llvm", threads=3, team=True, cache_dir=False,
+                               schedule=equal).build(program("sequences", "f64"), "inference")
+    got = runner(env, {"T": 17, "B": 3})
+    for k, attrs in enumerate(ATTRS):
+        want = loop(env["A"], env["Bv"], env["h"], **attrs, steps=17)
+        np.testing.assert_allclose(got[f"C{k}"], want, rtol=1e-12, atol=1e-12, err_msg=attrs)
+    assert team_calls == [3]
+
+
+def test_form_at_the_default_thresholds() -> None:
     """minGRU at B = 1, H = 512, float32 (2 KiB a step) on two threads: split over its steps,
     on the team from T = 16384 (8 Mi multiply-adds), where the split by columns never engaged
     it; at H = 2048 (a page a thread) by columns from T = 1024 (2 Mi), as before."""
-    for name, value in (("SCAN_TEAM_MIN_WORK", 1 << 21), ("SCAN_THREAD_MIN_BYTES", 4096),
-                        ("SCAN_CHUNK_MIN_STEPS", 64), ("SCAN_CHUNK_MIN_WORK", 1 << 23)):
-        monkeypatch.setattr(runtime, name, value)
-    limits = (runtime.SCAN_THREAD_MIN_BYTES, runtime.SCAN_CHUNK_MIN_STEPS)
+    defaults = LlvmSchedule()
+    assert (defaults.scan_team_min_work, defaults.scan_thread_min_bytes,
+            defaults.scan_chunk_min_steps, defaults.scan_chunk_min_work) == \
+        (1 << 21, 4096, 64, 1 << 23)
+    limits = (defaults.scan_thread_min_bytes, defaults.scan_chunk_min_steps)
     assert split.scan_form(512, 4, 4096, 2, limits) == "steps"
     assert split.scan_form(2048, 4, 4096, 2, limits) == "columns"
     assert split.scan_form(512, 4, 127, 2, limits) is None

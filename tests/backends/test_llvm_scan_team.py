@@ -19,6 +19,7 @@ pytest.importorskip("llvmlite")
 
 import rnnc  # noqa: E402
 from rnnc.backends.llvm import runtime, split  # noqa: E402
+from rnnc.backends.schedule import LlvmSchedule  # noqa: E402
 from tests.backends import scan_cells  # noqa: E402
 from tests.backends.test_linear_scan_backends import (  # noqa: E402
     ATTRS,
@@ -35,24 +36,22 @@ THREADS = (1, 2, 3)
 _compiled: dict[tuple, rnnc.Function] = {}
 
 
-@pytest.fixture(autouse=True)
-def _scans_on_the_team(monkeypatch) -> None:
-    monkeypatch.setattr(runtime, "SCAN_TEAM_MIN_WORK", 0)
-    monkeypatch.setattr(runtime, "SCAN_THREAD_MIN_BYTES", 0)
+# Every scan on the team, split by columns whatever their width.
+ON_THE_TEAM = LlvmSchedule(scan_team_min_work=0, scan_thread_min_bytes=0)
 
 
 def function(name: str, reverse: bool, threads: int | None,
-             compiled: dict[tuple, rnnc.Function] = _compiled) -> rnnc.Function:
-    """The cell compiled as the oracle (threads None) or by LLVM with parallel-scan, once per
-    ``compiled`` (a module whose thresholds differ keeps its own: the team build's code
-    depends on them)."""
+             compiled: dict[tuple, rnnc.Function] = _compiled,
+             schedule: LlvmSchedule = ON_THE_TEAM) -> rnnc.Function:
+    """The cell compiled as the oracle (threads None) or by LLVM with parallel-scan and
+    ``schedule``, once per ``compiled`` (a module whose schedule differs keeps its own)."""
     key = (name, reverse, threads)
     if key not in compiled:
         cell = rnnc.cells.PUBLISHED[name](I, H)
         compiled[key] = rnnc.compile(cell, optimize=False, reverse=reverse) \
             if threads is None else rnnc.compile(cell, backend="llvm", parallel_scan=True,
                                                  reverse=reverse, threads=threads, team=True,
-                                                 cache_dir=False)
+                                                 cache_dir=False, schedule=schedule)
     return compiled[key]
 
 
@@ -92,7 +91,8 @@ def test_hand_built_scans_split_by_columns(row: str, dtype, team_calls) -> None:
     env = environment(row, dtype)
     first = None
     for threads in THREADS:
-        runner = rnnc.backends.get("llvm", threads=threads, team=True, cache_dir=False).build(
+        runner = rnnc.backends.get("llvm", threads=threads, team=True, cache_dir=False,
+                                   schedule=ON_THE_TEAM).build(
             program(row, "f64" if dtype == np.float64 else "f32"), "inference")
         got = runner(env, {"T": 6, "B": 3})
         first = got if first is None else first
@@ -108,8 +108,7 @@ def test_hand_built_scans_split_by_columns(row: str, dtype, team_calls) -> None:
     assert team_calls == [2, 3]
 
 
-def test_team_engages_for_a_loop_free_program_above_the_thresholds(monkeypatch,
-                                                                   team_calls) -> None:
+def test_team_engages_for_a_loop_free_program_above_the_thresholds(team_calls) -> None:
     fn = function("min_gru", False, 2)
     assert fn.op_counts("inference")["loop"] == {}
     inference = fn.program("inference")
@@ -120,24 +119,25 @@ def test_team_engages_for_a_loop_free_program_above_the_thresholds(monkeypatch,
     # on the team at both thresholds, not above either.
     for work, per_thread, team in ((T * B * H, 240, True), (T * B * H + 1, 240, False),
                                    (T * B * H, 241, False)):
-        monkeypatch.setattr(runtime, "SCAN_TEAM_MIN_WORK", work)
-        monkeypatch.setattr(runtime, "SCAN_THREAD_MIN_BYTES", per_thread)
+        at = LlvmSchedule(scan_team_min_work=work, scan_thread_min_bytes=per_thread)
         team_calls.clear()
-        fn(x, params)
+        function("min_gru", False, 2, {}, at)(x, params)
         assert team_calls == ([2] if team else [])
 
 
-def test_programs_without_scans_decide_as_before(monkeypatch) -> None:
+def test_programs_without_scans_decide_as_before() -> None:
     """An LSTM keeps its loop: no scan work, and the decision is ``B * team_work`` against
-    TEAM_MIN_WORK whatever ``T`` and the scan thresholds."""
-    monkeypatch.setattr(runtime, "SCAN_TEAM_MIN_WORK", 0)
+    the schedule's team_min_work whatever ``T`` and the scan thresholds."""
     lstm = rnnc.compile(rnnc.cells.lstm(4, 32), backend="llvm", threads=2, team=True,
                         cache_dir=False).program("inference")
     assert split.scan_work(lstm) == (0, 0)
-    runner = runtime.LlvmBackend(threads=2, team=True, cache_dir=False).build(lstm, "inference")
+    runner = runtime.LlvmBackend(threads=2, team=True, cache_dir=False,
+                                 schedule=LlvmSchedule(scan_team_min_work=0)
+                                 ).build(lstm, "inference")
+    assert runner.schedule.team_min_work == 1 << 22  # the default
     work = runner.team_work
     assert work > 0
     for rows in (1, 7, 300):
         for steps in (1, 10**6):
-            expected = 2 if rows * work >= runtime.TEAM_MIN_WORK else 1
+            expected = 2 if rows * work >= runner.schedule.team_min_work else 1
             assert runner.team_size(rows, steps) == expected

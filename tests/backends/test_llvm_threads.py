@@ -3,13 +3,16 @@ and bitwise against a team of one, forward and backward."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 pytest.importorskip("llvmlite")
 
 import rnnc  # noqa: E402
-from rnnc.backends.llvm import gemm, pool, runtime, split  # noqa: E402
+from rnnc.backends.llvm import pool, runtime, split  # noqa: E402
+from rnnc.backends.schedule import LlvmSchedule  # noqa: E402
 from rnnc.tools.bench.configs import ln_lstm  # noqa: E402
 from tests.strategies import random_data  # noqa: E402
 
@@ -20,18 +23,19 @@ CELLS = {"lstm": rnnc.cells.lstm, "gru": rnnc.cells.gru, "ln_lstm": ln_lstm,
 _compiled: dict[tuple, rnnc.Function] = {}
 
 
-@pytest.fixture(autouse=True)
-def _always_team(monkeypatch) -> None:
-    monkeypatch.setattr(runtime, "TEAM_MIN_WORK", 0)
+# Every sequence on the team, whatever its size.
+ALWAYS_TEAM = LlvmSchedule(team_min_work=0)
 
 
-def function(name: str, size: tuple[int, int], threads: int | None) -> rnnc.Function:
+def function(name: str, size: tuple[int, int], threads: int | None,
+             schedule: LlvmSchedule = ALWAYS_TEAM) -> rnnc.Function:
     """The cell compiled by the oracle (threads None) or by LLVM at a thread count."""
-    key = (name, size, threads, gemm.ONE_CORE_MAX_WORK)
+    key = (name, size, threads, schedule if threads else None)
     if key not in _compiled:
         cell = CELLS[name](*size)
         _compiled[key] = rnnc.compile(cell, optimize=False) if threads is None else \
-            rnnc.compile(cell, backend="llvm", threads=threads, team=True, cache_dir=False)
+            rnnc.compile(cell, backend="llvm", threads=threads, team=True, cache_dir=False,
+                         schedule=schedule)
     return _compiled[key]
 
 
@@ -62,12 +66,12 @@ CASES = [  # cell, (input, hidden), T, B, dtype, variable lengths
     ("mgu", (3, 5), 3, 4, np.float64, False),  # odd H: products on thread 0
     ("lstm", (5, 16), 6, 2, np.float32, True),
     ("lstm", (4, 272), 2, 7, np.float64, False),  # K = 272: two K chunks of the panel kernel
-    # B * N * K above gemm.MAX_WORK: the BLAS in a one-thread build of a backend of several
-    # threads, the panel kernel in the team's and one thread's (gemm.ONE_CORE_MAX_WORK)
+    # B * N * K above panel_max_work: the BLAS in a one-thread build of a backend of several
+    # threads, the panel kernel in the team's and one thread's (one_core_panel_max_work)
     ("lstm", (4, 256), 2, 49, np.float32, False),
 ]
-# B * N * K above gemm.MAX_WORK: with the team's panel-kernel limit lowered to it
-# (gemm.ONE_CORE_MAX_WORK), a one-thread BLAS call on each thread's columns, whose rounding
+# B * N * K above panel_max_work: with the team's panel-kernel limit lowered to it
+# (one_core_panel_max_work), a one-thread BLAS call on each thread's columns, whose rounding
 # may depend on how many columns the call gets: checked against the oracle only.
 BLAS_CASES = [
     ("lstm", (4, 256), 3, 49, np.float32, True),
@@ -76,15 +80,14 @@ BLAS_CASES = [
 
 
 @pytest.mark.parametrize("name, size, T, B, dtype, lengths", CASES + BLAS_CASES)
-def test_team_sizes_match_oracle_and_each_other(name, size, T, B, dtype, lengths,
-                                                monkeypatch) -> None:
+def test_team_sizes_match_oracle_and_each_other(name, size, T, B, dtype, lengths) -> None:
     bitwise = (name, size, T, B, dtype, lengths) not in BLAS_CASES
-    if not bitwise:
-        monkeypatch.setattr(gemm, "ONE_CORE_MAX_WORK", gemm.MAX_WORK)
+    schedule = ALWAYS_TEAM if bitwise else dataclasses.replace(
+        ALWAYS_TEAM, one_core_panel_max_work=ALWAYS_TEAM.panel_max_work)
     expected = run(function(name, size, None), name, size, T, B, dtype, lengths)
     first = None
     for threads in (1, 2, 3, 8):  # 8: more threads than column panels and batch rows
-        got = run(function(name, size, threads), name, size, T, B, dtype, lengths)
+        got = run(function(name, size, threads, schedule), name, size, T, B, dtype, lengths)
         for a, e in zip(got, expected, strict=True):
             close(a, e, (GRAD_TOL if a is not got[0] else TOL)[dtype])
         if threads == 2:
@@ -109,20 +112,20 @@ def test_team_is_used_and_heuristic_keeps_small_sizes_on_one_thread(monkeypatch)
     f = function("lstm", (5, 16), 2)
     run(f, "lstm", (5, 16), 3, 4, np.float32, False)
     assert calls and set(calls) == {2}
-    monkeypatch.setattr(runtime, "TEAM_MIN_WORK", 1 << 40)
     calls.clear()
+    f = function("lstm", (5, 16), 2, LlvmSchedule())  # the default team_min_work: 4 Mi
     run(f, "lstm", (5, 16), 3, 4, np.float32, False)
     assert calls == []
 
 
 def test_team_is_on_unless_turned_off(monkeypatch) -> None:
     monkeypatch.delenv("RNNC_TEAM", raising=False)
-    assert runtime.LlvmBackend(threads=2, cache_dir=False).team
+    assert runtime.LlvmBackend(threads=2, cache_dir=False).base_schedule.team
     monkeypatch.setenv("RNNC_TEAM", "0")
-    assert not runtime.LlvmBackend(threads=2, cache_dir=False).team
-    assert runtime.LlvmBackend(threads=2, cache_dir=False, team=True).team
+    assert not runtime.LlvmBackend(threads=2, cache_dir=False).base_schedule.team
+    assert runtime.LlvmBackend(threads=2, cache_dir=False, team=True).base_schedule.team
     monkeypatch.setenv("RNNC_TEAM", "1")
-    assert runtime.LlvmBackend(threads=2, cache_dir=False).team
+    assert runtime.LlvmBackend(threads=2, cache_dir=False).base_schedule.team
     with pytest.raises(rnnc.RnncError):
         runtime.LlvmBackend(team="yes")
 

@@ -17,7 +17,8 @@ import pytest
 pytest.importorskip("llvmlite")
 
 import rnnc  # noqa: E402
-from rnnc.backends.llvm import codegen, runtime  # noqa: E402
+from rnnc.backends.llvm import codegen  # noqa: E402
+from rnnc.backends.schedule import LlvmSchedule  # noqa: E402
 from rnnc.tools.bench.configs import ln_lstm  # noqa: E402
 from tests.strategies import random_data  # noqa: E402
 
@@ -28,11 +29,6 @@ CELLS = {"lstm": rnnc.cells.lstm, "gru": rnnc.cells.gru,
 _compiled: dict[tuple, rnnc.Function] = {}
 
 
-@pytest.fixture(autouse=True)
-def _always_team(monkeypatch) -> None:
-    monkeypatch.setattr(runtime, "TEAM_MIN_WORK", 0)
-
-
 def function(name: str, size: tuple[int, int], threads: int | None) -> rnnc.Function:
     """The cell compiled by the oracle (threads None) or by LLVM at a thread count."""
     key = (name, size, threads)
@@ -40,7 +36,7 @@ def function(name: str, size: tuple[int, int], threads: int | None) -> rnnc.Func
         cell = CELLS[name](*size)
         _compiled[key] = rnnc.compile(cell, optimize=False) if threads is None else \
             rnnc.compile(cell, backend="llvm", threads=threads, team=True, cache_dir=False,
-                         team_split="units")
+                         schedule=LlvmSchedule(team_split="units", team_min_work=0))
     return _compiled[key]
 
 
@@ -97,7 +93,7 @@ def step_barriers(name: str, hidden: int, mode: str, lengths: bool = False,
     """The barriers one step of the team build of ``mode`` emits."""
     program = rnnc.compile(CELLS[name](8, hidden), backend="numpy").program(mode, dtype,
                                                                              lengths)
-    lowering = codegen.Lowering(program, "cblas", team=True, units=True)
+    lowering = codegen.Lowering(program, "cblas", LlvmSchedule(team_split="units"), team=True)
     lowering.lower()
     return lowering.team.step_barriers
 

@@ -121,6 +121,26 @@ def test_dump_backend_shows_what_that_backend_runs(backend, scans, capsys):
         assert last[1:] == fn.ir().splitlines()[1:]
 
 
+@pytest.mark.parametrize("backend, field", [("llvm", "team_split = 'columns'"),
+                                            ("cuda", "fused_step = 'auto'"),
+                                            ("numpy", "precision = 'highest'")])
+def test_dump_schedule_prints_how_the_backend_runs_each_program(backend, field, capsys):
+    """One schedule per program of the mode, field by field, what backend.schedule gives."""
+    argv = ["dump", "lstm", "--input-size", "2", "--hidden-size", "3", "--schedule",
+            "--mode", "training", "--backend", backend]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "program" not in out  # the schedule, not the IR
+    forward, backward = out.strip().split("\n\n")
+    assert forward.splitlines()[0] == f"# lstm forward: schedule of backend {backend}"
+    assert backward.splitlines()[0] == f"# lstm backward: schedule of backend {backend}"
+    assert field in forward
+    if backend == "cuda":  # a backward program keeps its GEMMs: derived per program
+        assert "fused_step = 'never'" in backward
+    if backend == "llvm":
+        assert "team_min_work = 4194304  (per call)" in forward
+
+
 def _fake_dot(folder) -> str:
     """A ``dot`` executable that echoes its arguments and its input, for PATH."""
     folder.mkdir()

@@ -372,14 +372,14 @@ def test_mask_kernels_compile_to_ptx(dtype: str) -> None:
 
 
 @pytest.mark.skipif("llvm" not in IDS, reason="needs llvmlite")
-def test_a_thread_team_splitting_the_batch_draws_the_same_masks(monkeypatch) -> None:
+def test_a_thread_team_splitting_the_batch_draws_the_same_masks() -> None:
     """Each thread of an LLVM team computes a block of batch rows; a row reads its own index
     from rng.counter, so the masks do not depend on the split."""
-    from rnnc.backends.llvm import runtime
+    from rnnc.backends.schedule import LlvmSchedule
 
-    monkeypatch.setattr(runtime, "TEAM_MIN_WORK", 0)
     cell = rnnc.cells.zoneout_lstm(5, 16, 0.4, 0.4)
-    team = rnnc.compile(cell, backend="llvm", threads=2, team=True, cache_dir=False)
+    team = rnnc.compile(cell, backend="llvm", threads=2, team=True, cache_dir=False,
+                        schedule=LlvmSchedule(team_min_work=0))
     oracle = rnnc.compile(cell, optimize=False)
     rng = np.random.default_rng(6)
     x, p = rng.standard_normal((4, 7, 5)), cell.init_params(dtype=np.float64)
