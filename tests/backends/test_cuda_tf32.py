@@ -70,13 +70,13 @@ def test_tf32_leaves_float64_programs_alone() -> None:
 def test_an_unknown_precision_is_named(bad) -> None:
     with pytest.raises(RnncValueError, match="precision must be one of 'fp32', 'tf32', 'bf16'"):
         rnnc.compile(rnnc.cells.lstm(2, 2), backend="cuda", emulate=True, precision=bad)
-    with pytest.raises(RnncValueError, match="precision must be one of 'highest', 'tf32'"):
+    with pytest.raises(RnncValueError, match="precision must be one of 'fp32', 'bf16', 'tf32'"):
         CudaSchedule(precision=bad)
 
 
 def test_precision_none_is_the_default_and_a_schedule_may_carry_it() -> None:
-    """precision=None, like every backend option, means the default ("fp32", also called "highest"); a schedule
-    carries the precision too, and giving it both ways is refused."""
+    """precision=None, like every backend option, means the default ("fp32", also called
+    "highest"); a schedule carries the precision too, and giving it both ways is refused."""
     cell = rnnc.cells.lstm(2, 2)
     program = rnnc.compile(cell, backend="numpy").program("inference", "f32")
     backend = rnnc.backends.get("cuda", emulate=True, precision=None)

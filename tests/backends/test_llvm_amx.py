@@ -15,6 +15,7 @@ import rnnc  # noqa: E402
 from rnnc import ops  # noqa: E402
 from rnnc.backends.llvm import bf16  # noqa: E402
 from rnnc.backends.llvm.bf16_jit import Bf16Gemm  # noqa: E402
+from rnnc.backends.schedule import LlvmSchedule  # noqa: E402
 from rnnc.errors import RnncError, RnncValueError  # noqa: E402
 from tests.strategies import random_data  # noqa: E402
 
@@ -221,13 +222,11 @@ def test_program_with_bf16_matmuls_matches_rounded_oracle(name, dtype) -> None:
 
 
 
-def test_team_splits_bf16_products_by_columns(monkeypatch, team_calls) -> None:
-    from rnnc.backends.llvm import runtime
-
-    monkeypatch.setattr(runtime, "TEAM_MIN_WORK", 0)
+def test_team_splits_bf16_products_by_columns(team_calls) -> None:
     cell = rnnc.cells.lstm(20, 80)  # 320 gate columns: 10 panels, the last one half full
     x, params, states = random_data(cell, 5, 7, 3, np.float32)
-    team = in_bf16(rnnc.compile(cell, backend="llvm", threads=3, team=True, cache_dir=False))
+    team = in_bf16(rnnc.compile(cell, backend="llvm", team=True, cache_dir=False,
+                                schedule=LlvmSchedule(threads=3, team_min_work=0)))
     y = team(x, params, states=states)[0]["y"]
     assert team_calls == [3]
     np.testing.assert_allclose(y, lstm_oracle(x, params, states, np.float32), rtol=0,

@@ -58,7 +58,7 @@ def test_a_build_reads_only_its_fields() -> None:
     (lambda: LlvmSchedule(threads=0), "threads must be a whole number"),
     (lambda: LlvmSchedule(team_min_work=-1), "team_min_work must be a whole number >= 0"),
     (lambda: LlvmSchedule(scan_chunk_min_steps=1.5), "scan_chunk_min_steps must be a whole"),
-    (lambda: LlvmSchedule(precision="tf32"), "precision must be one of 'highest', got"),
+    (lambda: LlvmSchedule(precision="tf32"), "precision must be one of 'fp32', 'bf16', got"),
     (lambda: CudaSchedule(fused_step="sometimes"), "fused_step must be one of 'auto'"),
     (lambda: CudaSchedule(persistent_max_blocks=True), "persistent_max_blocks must be"),
     (lambda: CudaSchedule(scan_columns=64, scan_chunks=32), "at most 1024 threads"),

@@ -123,7 +123,7 @@ def test_dump_backend_shows_what_that_backend_runs(backend, scans, capsys):
 
 @pytest.mark.parametrize("backend, field", [("llvm", "team_split = 'columns'"),
                                             ("cuda", "fused_step = 'auto'"),
-                                            ("numpy", "precision = 'highest'")])
+                                            ("numpy", "precision = 'fp32'")])
 def test_dump_schedule_prints_how_the_backend_runs_each_program(backend, field, capsys):
     """One schedule per program of the mode, field by field, what backend.schedule gives."""
     argv = ["dump", "lstm", "--input-size", "2", "--hidden-size", "3", "--schedule",
