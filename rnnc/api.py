@@ -198,7 +198,7 @@ class Function:
         validate.call_memory(self._new_arrays(T, B, given), dtype, validate.physical_memory())
         zeros = np.zeros if device is None else device.zeros
         for name, shape in self.states.items():
-            env[name] = given.get(name, zeros((B, shape[-1]), NP[dtype]))
+            env[name] = given.get(name, zeros((B, *shape[1:]), NP[dtype]))
         if lens is not None:
             env[MASK] = validate.mask(lens, T, dtype)
         if self.draws_masks:
@@ -217,10 +217,10 @@ class Function:
         for name, width in self._output_sizes.items():
             out[f"output {name!r}"] = ((T, B, width), f"T={T}, B={B}, output size {width}")
         for name, shape in self.states.items():
-            why = f"B={B}, state {name!r} of size {shape[-1]}"
-            out[f"final state {name!r}"] = ((B, shape[-1]), why)
+            why = f"B={B}, state {name!r} of shape {tuple(shape[1:])}"
+            out[f"final state {name!r}"] = ((B, *shape[1:]), why)
             if name not in given:
-                out[f"initial state {name!r}"] = ((B, shape[-1]), why)
+                out[f"initial state {name!r}"] = ((B, *shape[1:]), why)
         if self.draws_masks:
             out["random counter"] = ((T, B, 4), f"T={T}, B={B}: a step and row index per row")
         return out

@@ -25,6 +25,7 @@ from rnnc import op_rules_random as random_rules
 from rnnc import op_rules_scan as scan_rules
 from rnnc import op_rules_select as select
 from rnnc import ops_elementwise as elementwise  # noqa: F401
+from rnnc import ops_tensor as tensor  # noqa: F401
 from rnnc.op_types import (  # noqa: F401
     REGISTRY,
     Op,

@@ -158,6 +158,8 @@ def test_every_primitive_has_a_row() -> None:
     covered |= {ops.linear_scan, ops.last_step}
     # The elementwise family, from its table: tests/backends/test_elementwise_family_backends.py.
     covered |= {member.op for member in elementwise.FAMILY}
+    # The tensor family, on values with feature shapes: tests/rnnc/test_tensor_ops.py.
+    covered |= set(ops.tensor.FAMILY)
     missing = [op.name for op in ops.PRIMITIVES if op not in covered]
     assert not missing, f"primitives without a row: {missing}"
 
