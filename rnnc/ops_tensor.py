@@ -48,7 +48,7 @@ def _ones_like(e, g, x):
 
 
 def _tail(a: Shape, rank: int, what: str) -> Shape:
-    if not isinstance(rank, int) or not 0 <= rank < len(a):
+    if not isinstance(rank, int) or not 0 <= rank <= len(a):
         raise ShapeError(f"{what} of the last {rank!r} axes of {fmt_shape(a)}: a value keeps "
                          f"its leading (row) axis")
     tail = a[len(a) - rank:]
@@ -93,6 +93,8 @@ def _sum_axis_ref(x: np.ndarray, axis: int) -> np.ndarray:
 def sum_lead_shape(a: Shape, rank: int) -> Shape:
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise ShapeError(f"sum_lead keeps at least one axis, got rank {rank!r}")
+    if rank >= len(a):
+        raise ShapeError(f"sum_lead over no leading axis of {fmt_shape(a)} (rank {rank})")
     return _tail(a, rank, "sum_lead")
 
 
