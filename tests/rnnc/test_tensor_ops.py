@@ -135,6 +135,11 @@ def test_dsl_errors_name_the_index(index, match):
         index(h)
 
 
+def test_layers_refuse_states_with_feature_shapes():
+    with pytest.raises(rnnc.CellError, match="rnnc.compile"):
+        rnnc.RNN(lambda i, h: rnnc.cells.slstm(i, h, heads=2), 3, 4, backend="numpy")
+
+
 def test_output_must_be_flat():
     c = rnnc.Cell()
     c.input("x", 2)
@@ -213,6 +218,13 @@ def test_heads_cell_gradients_match_central_differences():
     np.testing.assert_allclose(g.x, central_difference(loss, x), rtol=1e-6, atol=1e-8)
     np.testing.assert_allclose(g.states["h"], central_difference(loss, h0), rtol=1e-6,
                                atol=1e-8)
+
+
+def test_input_einsum_is_hoisted_out_of_the_loop():
+    """The input's head-wise product runs once over all steps; the two that read the state
+    stay in the loop."""
+    counts = rnnc.compile(heads_cell(), backend="numpy").op_counts("inference")
+    assert counts["outside"]["einsum"] == 1 and counts["loop"]["einsum"] == 2
 
 
 def _emulator_options(backend):
