@@ -102,3 +102,17 @@ def test_gpu_benchmark_runs_in_emulation(capsys) -> None:
     # C4 is stacked and bidirectional: the NumPy round trip only, no device row yet
     assert {name for config, name in names if config == "C4-tiny"} == expected - {"rnnc device"}
     assert all(float(row[4].split()[0]) > 0 for row in rows)
+
+
+def test_cells_with_feature_shapes_match_eager_peer() -> None:
+    """The sLSTM (einsum and per-head-slices forms) and the selective SSM: rnnc.compile and
+    the PyTorch loop of their step functions agree, forward and (training) after backward."""
+    import argparse
+
+    args = argparse.Namespace(backend="numpy", reps=1, warmup=1)
+    config = bench.tiny(bench.CONFIGS["C1"])
+    for cell in ("slstm", "slstm_slices", "selective_ssm"):
+        for mode in ("inference", "training"):
+            rows = bench.bench_one(config, cell, mode, ["eager"], args, {})
+            assert len(rows) == 1 and rows[0]["max_abs_diff"] < 1e-4, (cell, mode)
+    assert "slstm" not in bench.DEFAULT_CELLS  # run by name: --cells slstm,selective_ssm
