@@ -231,8 +231,8 @@ class Cell:
 
     def state(self, name: str, size: int | tuple[int, ...]) -> Value:
         """A carried state ``(B, size)`` or ``(B, *shape)``: its value at step t-1. The order
-        of the ``state``
-        calls is the order of an ``hx`` tuple given to ``rnnc.torch.RNN`` (docs/porting.md)."""
+        of the ``state`` calls is the order of an ``hx`` tuple given to ``rnnc.torch.RNN``
+        (docs/porting.md)."""
         self._declare(name, "state")
         nid = self.graph.arg(name, ("B",) + dsl_tensor.feature_shape(size, f"state {name!r}"),
                              "carry")
