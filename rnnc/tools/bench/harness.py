@@ -48,10 +48,10 @@ def rnnc_call(spec: CellSpec, config: Config, grid: list, mode: str, backend: st
 def _compiled_call(spec: CellSpec, config: Config, grid: list, mode: str, backend: str,
                    options: dict) -> tuple[Callable[[np.ndarray], Any], str]:
     """A one-layer cell with feature shapes through ``rnnc.compile`` (layers stack (B, n)
-    states); the LLVM backend's parallel scan where the cell is linear in its state."""
+    states), the backend's default form (on LLVM the SSM keeps its loop, which measured faster
+    than its parallel scan: benchmarks/selective_ssm_forms.py)."""
     cell = spec.factory(config.I, config.H)
-    extra = {"parallel_scan": True} if cell.name == "selective_ssm" else {}
-    fn = rnnc.compile(cell, backend=backend, **extra)
+    fn = rnnc.compile(cell, backend=backend)
     params = grid[0][0]
     if mode == "inference":
         return (lambda x: fn(x, params)[0]["y"]), "rnnc.compile"
@@ -60,7 +60,7 @@ def _compiled_call(spec: CellSpec, config: Config, grid: list, mode: str, backen
         ys, _, tape = fn.forward(x, params)
         fn.backward(tape, d_outputs={"y": np.ones_like(ys["y"])})
         return ys["y"]
-    return train, "rnnc.compile" + (" (parallel scan)" if extra else "")
+    return train, "rnnc.compile"
 
 
 def _as_numpy(y: Any) -> np.ndarray:
