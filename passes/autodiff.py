@@ -88,6 +88,7 @@ from rnnc.ir import ARG, Carry, Graph, Program, SavePlan, Scan, Type
 from rnnc.names import Role, cotangent, final_state, gradient
 from rnnc.passes import register
 from rnnc.passes._saves import check_save_plans
+from rnnc.passes._unbroadcast import unbroadcast
 
 __all__ = ["autodiff_backward", "autodiff_forward", "check_save_plans"]
 
@@ -221,25 +222,6 @@ class _Fwd:
     id: int
 
 
-def _unbroadcast(e: _Emitter, g: int, shape: tuple) -> int:
-    """Sum the cotangent ``g`` down to ``shape`` (undo NumPy broadcasting)."""
-    have = e.shape(g)
-    if have == shape:
-        return g
-    if shape and shape[-1] == 1 and have[-1] != 1:
-        g = e(ops.sum_, g)
-    if len(shape) < len(e.shape(g)):
-        g = e(ops.sum_rows, g)
-    elif len(shape) == 2 and shape[0] == 1 and e.shape(g)[:-1] != (1,):
-        # A (1, n) operand broadcast over rows: contract the rows with a column of ones,
-        # ones^T g, which keeps the leading axis of 1 (sum_rows would drop it).
-        one = e(ops.constant, value=1.0)
-        ones = e(ops.where, one, one, e(ops.slice_, g, start=0, stop=1))
-        g = e(ops.matmul, ones, g, transpose_a=True)
-    assert e.shape(g) == shape, (have, shape)
-    return g
-
-
 def _backward_body(program: Program) -> tuple[_Plan, dict[str, int]]:
     """Differentiate one step; return the plan and the backward body's named outputs."""
     scan = program.scan
@@ -280,7 +262,7 @@ def _backward_body(program: Program) -> tuple[_Plan, dict[str, int]]:
         grads = node.op.vjp(e, cts[nid], xs, _Fwd(nid), **node.attrs)
         for src, g in zip(node.inputs, grads, strict=True):
             if g is not None and src in active:
-                accumulate(src, _unbroadcast(e, g, fwd.node(src).shape))
+                accumulate(src, unbroadcast(e, g, fwd.node(src).shape))
 
     outputs: dict[str, int] = {}
     for c in scan.carries:

@@ -132,6 +132,11 @@ def _loop_invariant(body: Graph, s: Scan) -> list[int]:
     return movable
 
 
+# The products hoisting turns into one GEMM over all steps: matmul, and einsum (a head-wise
+# product of an input is one batched GEMM over T*B rows, rnnc/ops_tensor.py).
+_PRODUCTS = (ops.matmul, ops.tensor.einsum)
+
+
 def _worth_hoisting(body: Graph, movable: list[int]) -> list[int]:
     """The loop-invariant nodes ``movable`` that cost less before the loop than in it."""
     # Per-step elementwise work is hoisted only when a hoisted GEMM needs it. Elsewhere it
@@ -141,7 +146,7 @@ def _worth_hoisting(body: Graph, movable: list[int]) -> list[int]:
     candidates = set(movable)
     feeds_gemm: set[int] = set()
     for nid in reversed(movable):
-        if body.node(nid).op is ops.matmul or any(u in feeds_gemm for u in body.users(nid)
+        if body.node(nid).op in _PRODUCTS or any(u in feeds_gemm for u in body.users(nid)
                                                  if u in candidates):
             feeds_gemm.add(nid)
     moved: set[int] = set()

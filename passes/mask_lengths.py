@@ -79,7 +79,8 @@ def mask_lengths(program: Program) -> Program:
     # keeps it at its initial value, so each sequence starts at its own last step.
     for c in s.carries:
         old = arg_of(body, c.name, env[c.init].shape, ORIGIN)
-        new = body.add(ops.where, (mask, body.outputs[c.name], old), origin=ORIGIN)
+        held = _mask_for(body, mask, len(env[c.init].shape))
+        new = body.add(ops.where, (held, body.outputs[c.name], old), origin=ORIGIN)
         body.outputs[c.name] = new
     for name in s.stacked:
         body.outputs[name] = body.add(ops.where, (mask, body.outputs[name], zero),
@@ -89,6 +90,14 @@ def mask_lengths(program: Program) -> Program:
     args = {**program.args, MASK: (Role.MASK, Type(program.dtype, ("T", "B", 1)))}
     scan = replace(s, body=body, seqs=s.seqs + (MASK,))
     return replace(program, args=args, scan=scan)
+
+
+def _mask_for(body: Graph, mask: int, rank: int) -> int:
+    """The (B, 1) mask as (B, 1, ..., 1) for a carry of ``rank`` axes with feature shapes."""
+    if rank <= 2:
+        return mask
+    return body.add(ops.tensor.reshape, (mask,), {"rank": 1, "shape": (1,) * (rank - 1)},
+                    origin=ORIGIN)
 
 
 def _inputs_selected(old: Graph, inputs: list[str]) -> tuple[Graph, int]:

@@ -203,7 +203,7 @@ class Function:
         validate.call_memory(self._new_arrays(T, B, given), dtype, validate.physical_memory())
         zeros = np.zeros if device is None else device.zeros
         for name, shape in self.states.items():
-            env[name] = given.get(name, zeros((B, shape[-1]), NP[dtype]))
+            env[name] = given.get(name, zeros((B, *shape[1:]), NP[dtype]))
         if lens is not None:
             env[MASK] = validate.mask(lens, T, dtype)
         if self.draws_masks:

@@ -17,6 +17,7 @@ from rnnc.cells_published import (  # noqa: F401 (re-exported)
     zoneout_lstm,
 )
 from rnnc.cells_scan import diag_linear, min_gru, min_lstm, qrnn, sru  # noqa: F401
+from rnnc.cells_tensor import rg_lru, selective_ssm, slstm  # noqa: F401
 from rnnc.dsl import Cell, relu, sigmoid, tanh
 from rnnc.errors import CellError
 
@@ -199,6 +200,10 @@ PUBLISHED = {
     "qrnn": qrnn,
     "diag_linear": diag_linear,
 }
+
+# Cells whose values have feature shapes (heads, a (D, N) state) or that take one size:
+# rnnc/cells_tensor.py. Their factories differ from (input_size, hidden_size).
+TENSOR = {"slstm": slstm, "selective_ssm": selective_ssm, "rg_lru": rg_lru}
 
 # Every cell `rnnc dump NAME` knows by name.
 NAMED = {**STANDARD, "mgu": mgu, "peephole_lstm": peephole_lstm}

@@ -10,16 +10,16 @@ from typing import Any
 
 import numpy as np
 
-from rnnc import dsl_numpy, dsl_random, ops
+from rnnc import dsl_numpy, dsl_random, dsl_tensor, ops
 from rnnc import ops_elementwise as elementwise
-from rnnc.dsl_checks import check_allocatable, check_name, check_size, initial_values
+from rnnc.dsl_checks import check_allocatable, check_name, initial_values
 from rnnc.errors import CellError, RnncTypeError, RnncValueError, ShapeError
 from rnnc.ir import Carry, Graph, Program, Scan, Type
 from rnnc.names import Role, final_state
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _INTERNAL = {os.path.join(_HERE, f) for f in ("dsl.py", "dsl_random.py", "ops.py", "ir.py",
-                                              "composites.py", "dsl_numpy.py")}
+                                              "composites.py", "dsl_numpy.py", "dsl_tensor.py")}
 
 Init = Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]
 
@@ -106,32 +106,16 @@ class Value:
                              f"{ops.fmt_shape(shape)} (at {_user_location()})")
         return Transposed(self)
 
+    def reshape(self, *shape: Any) -> Value: return dsl_tensor.reshape(self, *shape)
+    def sum(self, axis: int = -1, keepdims: bool = False) -> Value:
+        return dsl_tensor.total(self, axis, keepdims)
+    def mean(self, axis: int = -1, keepdims: bool = False) -> Value:
+        return dsl_tensor.average(self, axis, keepdims)
+
     def __getitem__(self, key: Any) -> Value:
-        """Slice the feature axis: ``v[:, a:b]``, ``v[:, a:b:s]`` (every ``s``-th column,
-        ``s >= 1``) or the same with ``v[..., ...]``."""
-        if isinstance(key, tuple) and len(key) == 2 and key[0] in (slice(None), Ellipsis):
-            key = key[1]
-        else:
-            raise ShapeError(f"index the feature axis as v[:, a:b], got v[{key!r}] "
-                             f"(at {_user_location()})")
-        n = self.shape[-1]
-        if isinstance(key, int):
-            key = slice(key, key + 1) if key != -1 else slice(n - 1, n)
-        if not isinstance(key, slice):
-            raise ShapeError(f"feature slices must be a:b or a:b:s, got {key!r} "
-                             f"(at {_user_location()})")
-        step = key.step
-        if step is not None and (isinstance(step, bool) or not isinstance(step, int | np.integer)
-                                 or step < 1):
-            raise ShapeError(f"feature slices need a positive integer step a:b:s (s >= 1; "
-                             f"reversed features are not supported), got {key!r} "
-                             f"(at {_user_location()})")
-        start, stop, step = key.indices(n)
-        columns = range(start, stop, step)
-        if columns:  # one form per set of columns: stop just past the last, step 1 for one
-            stop, step = columns[-1] + 1, step if len(columns) > 1 else 1
-        attrs = {"start": start, "stop": stop} | ({"step": step} if step != 1 else {})
-        return apply(ops.slice_, self, **attrs)
+        """Slice the last axis: ``v[:, a:b]``, ``v[:, a:b:s]`` (every ``s``-th column,
+        ``s >= 1``), ``v[..., a:b]``; add axes with None: ``v[:, :, None]``, ``v[..., None]``."""
+        return dsl_tensor.index(self, key)
 
     def __bool__(self) -> bool:
         raise RnncTypeError("a traced rnnc value has no truth value; use rnnc.where(c, a, b)")
@@ -228,8 +212,9 @@ class Cell:
             raise CellError(f"{what} name {name!r} is already used in cell {self.name!r}")
         return name
 
-    def input(self, name: str, size: int, grad: bool = True) -> Value:
-        """A per-step input ``(B, size)``; the sequence passed to the function is (T, B, size).
+    def input(self, name: str, size: int | tuple[int, ...], grad: bool = True) -> Value:
+        """A per-step input ``(B, size)`` or ``(B, *shape)``; the sequence passed to the function
+        is (T, B, size), with a shape's sizes multiplied (row-major, docs/tensors.md).
 
         ``grad=False`` declares it data (a mask, conditioning features): autodiff takes no
         derivative for it and backward returns no gradient of it."""
@@ -238,28 +223,28 @@ class Cell:
         self._declare(name, "input")
         if not grad:
             self.no_grad.add(name)
-        nid = self.graph.arg(name, ("B", check_size(size, f"input {name!r}")))
+        shape = dsl_tensor.feature_shape(size, f"input {name!r}")
+        nid = self.graph.arg(name, ("B", int(np.prod(shape))))
         self.inputs[name] = nid
-        return Value(self, nid)
+        return Value(self, nid) if len(shape) == 1 else dsl_tensor.reshape(Value(self, nid), shape)
 
-    def state(self, name: str, size: int) -> Value:
-        """A carried state ``(B, size)``: its value at step t-1. The order of the ``state``
-        calls is the order of an ``hx`` tuple given to ``rnnc.torch.RNN`` (docs/porting.md)."""
+    def state(self, name: str, size: int | tuple[int, ...]) -> Value:
+        """A carried state ``(B, size)`` or ``(B, *shape)``: its value at step t-1. The order
+        of the ``state`` calls is the order of an ``hx`` tuple given to ``rnnc.torch.RNN``
+        (docs/porting.md)."""
         self._declare(name, "state")
-        nid = self.graph.arg(name, ("B", check_size(size, f"state {name!r}")))
+        nid = self.graph.arg(name, ("B",) + dsl_tensor.feature_shape(size, f"state {name!r}"))
         self.states[name] = nid
         return Value(self, nid)
 
     def param(self, name: str, shape: int | tuple[int, ...], init: Init | float | None = None
               ) -> Value:
-        """A parameter of ``shape`` (a vector ``(n,)`` or a matrix ``(k, n)``, read as
-        ``x @ W``: the transpose of an ``nn.Linear`` weight). ``rnnc.torch.RNN`` registers it
-        as ``{name}_l{k}`` (``{name}_l{k}_reverse`` for a reverse direction)."""
+        """A parameter of ``shape`` (a vector ``(n,)``, a matrix ``(k, n)`` read as ``x @ W``:
+        the transpose of an ``nn.Linear`` weight, or any rank, e.g. ``(H, d, d)`` for
+        ``rnnc.einsum``). ``rnnc.torch.RNN`` registers it as ``{name}_l{k}``
+        (``{name}_l{k}_reverse`` for a reverse direction)."""
         self._declare(name, "parameter")
-        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-        if len(shape) not in (1, 2):
-            raise CellError(f"parameter {name!r} must be 1-D or 2-D, got shape {shape}")
-        shape = tuple(check_size(d, f"parameter {name!r}") for d in shape)
+        shape = dsl_tensor.feature_shape(shape, f"parameter {name!r}")
         if init is not None and not callable(init) and not isinstance(init, (int, float)):
             raise CellError(f"init of parameter {name!r} must be a callable or a number")
         nid = self.graph.arg(name, shape)
@@ -288,7 +273,8 @@ class Cell:
         value = _as_value(self, value)
         if len(value.shape) != 2 or value.shape[0] != "B":
             raise ShapeError(f"output {name!r} must be a per-step value [B,n], got "
-                             f"{ops.fmt_shape(value.shape)} (at {_user_location()})")
+                             f"{ops.fmt_shape(value.shape)}: reshape it, v.reshape(-1) "
+                             f"(at {_user_location()})")
         self.outputs[name] = value.node
 
     # -- use
@@ -388,6 +374,7 @@ def _function(op: ops.Op) -> Callable[..., Value]:
 FUNCTIONS: dict[str, Callable[..., Value]] = {
     op.name: _function(op) for op in ops.REGISTRY.values() if op.dsl_function}
 FUNCTIONS["bernoulli"] = dsl_random.bernoulli  # attributes, not operands: its own signature
+FUNCTIONS.update(einsum=dsl_tensor.einsum, reshape=dsl_tensor.reshape)  # a spec, a shape
 globals().update(FUNCTIONS)
 
 __all__ = ["Cell", "Value", "apply", "FUNCTIONS", *FUNCTIONS]

@@ -30,6 +30,9 @@ class OpKind(str, Enum):
     LAYOUT = "layout"  # moves columns: its ``pieces`` rule says which column it reads
     SOURCE = "source"  # no operands (constant)
     SCAN = "scan"  # over the time axis of [T,...] sequences (linear_scan): outside the loop
+    # over several feature axes at once (reshape, einsum, sums over an inner axis): one node's
+    # own loop nest, never fused (rnnc/ops_tensor.py)
+    TENSOR = "tensor"
     STRUCTURAL = "structural"  # arg, get, fused: the IR's own plumbing
 
 

@@ -4,7 +4,8 @@ its shape rule, NumPy reference, VJP and DSL docstring.
 The families: ``rnnc.ops_elementwise`` (arithmetic and functions, with the comparing and
 selecting ops of ``rnnc.ops_compare``; ``FAMILY`` is its table), ``rnnc.ops_matmul``,
 ``rnnc.ops_reduce`` (over the feature axis, and over the rows), ``rnnc.ops_layout`` (moving
-columns), ``rnnc.ops_random`` (``bernoulli``) and ``rnnc.ops_scan`` (over the time axis). The
+columns), ``rnnc.ops_random`` (``bernoulli``), ``rnnc.ops_scan`` (over the time axis) and
+``rnnc.ops_tensor`` (values with feature shapes: ``einsum``, ``reshape``, sums over an axis). The
 types they share are in ``rnnc.op_types``. Importing a family registers its ops; code names them
 here: ``rnnc.ops.add``, ``rnnc.ops.slice_``, ...
 
@@ -27,6 +28,7 @@ from rnnc import (
     ops_random,
     ops_reduce,
     ops_scan,
+    ops_tensor,
 )
 from rnnc.op_types import (  # noqa: F401 - the shared types, as code names them: rnnc.ops.Op
     REGISTRY,
@@ -40,7 +42,7 @@ from rnnc.op_types import (  # noqa: F401 - the shared types, as code names them
 )
 
 FAMILIES = (ops_compare, ops_elementwise, ops_matmul, ops_reduce, ops_layout, ops_random,
-            ops_scan)
+            ops_scan, ops_tensor)
 
 # Every op of every family under the name its family gives it (rnnc.ops.add, rnnc.ops.slice_,
 # rnnc.ops.round_): a new op needs no line here.

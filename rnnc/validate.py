@@ -285,10 +285,10 @@ def new_arrays(output_sizes: Mapping[str, int], states: Mapping[str, tuple], dra
     for name, width in output_sizes.items():
         out[f"output {name!r}"] = ((T, B, width), f"T={T}, B={B}, output size {width}")
     for name, shape in states.items():
-        why = f"B={B}, state {name!r} of size {shape[-1]}"
-        out[f"final state {name!r}"] = ((B, shape[-1]), why)
+        why = f"B={B}, state {name!r} of shape {tuple(shape[1:])}"
+        out[f"final state {name!r}"] = ((B, *shape[1:]), why)
         if name not in given:
-            out[f"initial state {name!r}"] = ((B, shape[-1]), why)
+            out[f"initial state {name!r}"] = ((B, *shape[1:]), why)
     if draws_masks:
         out["random counter"] = ((T, B, 4), f"T={T}, B={B}: a step and row index per row")
     return out

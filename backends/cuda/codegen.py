@@ -39,7 +39,8 @@ from rnnc.backends.steps import GraphSteps, ProgramSteps, Step, program_steps
 from rnnc.ir import ARG, FUSED, GET, Graph, Node, Program, Shape
 
 # Ops computed by a kernel of their own when no fused region holds them.
-KERNEL_KINDS = frozenset({ops.OpKind.ELEMENTWISE, ops.OpKind.LAYOUT, ops.OpKind.REDUCE})
+KERNEL_KINDS = frozenset({ops.OpKind.ELEMENTWISE, ops.OpKind.LAYOUT, ops.OpKind.REDUCE,
+                          ops.OpKind.TENSOR})
 
 
 @dataclass(frozen=True)

@@ -294,6 +294,9 @@ class ElementSite:
     def width(self, i: int) -> int:
         return width(self._shape(i))
 
+    def operand_shape(self, i: int) -> Shape:  # the tensor ops' rules read whole shapes
+        return tuple(self._shape(i))
+
     def rows(self, i: int) -> str:
         return product(lead(self._shape(i)))
 

@@ -35,6 +35,7 @@ from typing import Protocol
 from rnnc import ops, philox
 from rnnc import ops_compare as compare
 from rnnc import ops_elementwise as elementwise
+from rnnc.backends.cuda import tensor
 from rnnc.backends.cuda.pieces import layout_rule
 
 
@@ -335,4 +336,5 @@ RULES: dict[ops.Op, Callable[[Site], str]] = {
     ops.sum_rows: _sum_rows,
     ops.constant: lambda s: s.r.literal(s.attrs["value"]),
     **{op: layout_rule(op) for op in ops.PRIMITIVES if op.kind is ops.OpKind.LAYOUT},
+    **tensor.RULES,  # reshape, sums over inner axes, einsum: rnnc/ops_tensor.py
 }

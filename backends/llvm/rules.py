@@ -15,7 +15,7 @@ from collections.abc import Callable
 from llvmlite import ir
 
 from rnnc import ops
-from rnnc.backends.llvm import bf16_matmul, gemm, region
+from rnnc.backends.llvm import bf16_matmul, gemm, region, tensor
 from rnnc.backends.llvm.context import Buffer, Context
 from rnnc.backends.llvm.kernels import Kernel, emit_reduce, emit_sum_rows
 from rnnc.backends.llvm.scalar import INDEXED, SCALAR
@@ -135,4 +135,5 @@ RULES: dict[ops.Op, Callable[..., None]] = {
     ops.constant: _constant,
     ops.linear_scan: emit_linear_scan,  # over the time axis, outside the loop: scan.py
     ops.last_step: emit_last_step,
+    **tensor.RULES,  # reshape, sums over inner axes, einsum: rnnc/ops_tensor.py
 }

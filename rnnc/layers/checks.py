@@ -138,6 +138,11 @@ def check_factory_cell(cell: Any, in_size: int) -> Cell:
     if shape[-1] != in_size:
         raise CellError(f"the cell factory was asked for input size {in_size}, its cell's "
                         f"first input {first!r} (the layer input) has {shape[-1]} features")
+    for name, shape in cell.sizes("state").items():
+        if len(shape) != 2:  # layers stack, split and reverse (B, n) states
+            raise CellError(f"a layer stacks cells whose states are (B, n); state {name!r} of "
+                            f"cell {cell.name!r} is {tuple(shape)}: run the cell with "
+                            f"rnnc.compile (docs/tensors.md)")
     return cell
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import rnnc
-from rnnc import ops
+from rnnc import ops, ops_tensor
 from rnnc import ops_elementwise as elementwise
 from rnnc.dsl import Value
 
@@ -158,6 +158,8 @@ def test_every_primitive_has_a_row() -> None:
     covered |= {ops.linear_scan, ops.last_step}
     # The elementwise family, from its table: tests/backends/test_elementwise_family_backends.py.
     covered |= {member.op for member in elementwise.DRAWN}
+    # The tensor family, on values with feature shapes: tests/rnnc/test_tensor_ops.py.
+    covered |= set(ops_tensor.FAMILY)
     missing = [op.name for op in ops.PRIMITIVES if op not in covered]
     assert not missing, f"primitives without a row: {missing}"
 

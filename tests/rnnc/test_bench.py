@@ -124,3 +124,17 @@ def test_bench_bf16_rows_beside_the_fp32_ones(tmp_path) -> None:
     flop = bench.CONFIGS["C1"]
     assert bench.gemm_flop(bench.CELLS["lstm"], flop, "inference") == \
         2 * 4 * flop.H * (flop.I + flop.H) * flop.T * flop.B * flop.layers * flop.directions
+
+
+def test_cells_with_feature_shapes_match_eager_peer() -> None:
+    """The sLSTM (einsum and per-head-slices forms) and the selective SSM: rnnc.compile and
+    the PyTorch loop of their step functions agree, forward and (training) after backward."""
+    import argparse
+
+    args = argparse.Namespace(backend="numpy", reps=1, warmup=1)
+    config = bench.tiny(bench.CONFIGS["C1"])
+    for cell in ("slstm", "slstm_slices", "selective_ssm"):
+        for mode in ("inference", "training"):
+            rows = bench.bench_one(config, cell, mode, ["eager"], args, {})
+            assert len(rows) == 1 and rows[0]["max_abs_diff"] < 1e-4, (cell, mode)
+    assert "slstm" not in bench.DEFAULT_CELLS  # run by name: --cells slstm,selective_ssm

@@ -261,8 +261,13 @@ def test_bad_names_and_sizes() -> None:
         c.input("2x", 3)
     with raises(ValueError, "positive int", "0"):
         c.state("h", 0)
-    with raises(ValueError, "1-D or 2-D", "(2, 3, 4)"):
-        c.param("W", (2, 3, 4))
+    # Parameters of any rank are values with feature shapes (docs/tensors.md); a shape
+    # needs at least one size, each positive.
+    assert c.param("W", (2, 3, 4)).shape == (2, 3, 4)
+    with raises(ValueError, "at least one size", "()"):
+        c.param("V", ())
+    with raises(ValueError, "positive int", "-1"):
+        c.state("s", (2, -1))
 
 
 def test_traced_value_has_no_truth_value() -> None:

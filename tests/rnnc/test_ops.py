@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rnnc import ops
+from rnnc import ops, ops_tensor
 from rnnc import ops_elementwise as elementwise
 from rnnc.errors import RnncError, ShapeError
 
@@ -188,8 +188,10 @@ def _reverse_linear_recurrence(a, b, c0):
 def test_every_primitive_has_a_row() -> None:
     # The elementwise family is tested from its own table (tests/rnnc/test_elementwise_family.py):
     # a row here is optional for its members, and adds broadcasting cases.
+    # The tensor family likewise: tests/rnnc/test_tensor_ops.py.
     names = {op.name for op in ops.PRIMITIVES}
-    required = names - {m.op.name for m in elementwise.DRAWN}
+    required = names - {m.op.name for m in elementwise.DRAWN} - {
+        op.name for op in ops_tensor.FAMILY}
     assert required <= set(ROWS) <= names, (
         f"primitives without a test row: {sorted(required - set(ROWS))}; "
         f"rows without a primitive: {sorted(set(ROWS) - names)}"

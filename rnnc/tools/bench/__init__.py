@@ -23,6 +23,7 @@ from rnnc.tools.bench.bf16 import PRECISIONS, bench_bf16
 from rnnc.tools.bench.configs import (
     CELLS,
     CONFIGS,
+    DEFAULT_CELLS,
     MODES,
     PEERS,
     CellSpec,
@@ -37,10 +38,11 @@ from rnnc.tools.bench.report import COLUMNS, format_table, machine_info, to_mark
 from rnnc.tools.bench.scaling import run_scaling
 
 
-def _names(value: str, allowed: tuple[str, ...], what: str) -> list[str]:
+def _names(value: str, allowed: tuple[str, ...], what: str,
+           default: tuple[str, ...] | None = None) -> list[str]:
     names = [v.strip() for v in value.split(",") if v.strip()]
     if names == ["all"]:
-        return list(allowed)
+        return list(allowed if default is None else default)
     bad = [n for n in names if n not in allowed]
     if bad or not names:
         raise argparse.ArgumentTypeError(f"unknown {what} {bad or value!r}; choose from "
@@ -56,13 +58,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated from {', '.join(configs)} (default all)")
     parser.add_argument("--size", choices=("full", "tiny"), default="full",
                         help="tiny: the same layers and directions at T=5 B=2 I=H=8 (smoke test)")
-    parser.add_argument("--cells", default="all", type=lambda v: _names(v, cells, "cell"),
-                        help=f"comma-separated from {', '.join(cells)} (default all)")
+    parser.add_argument("--cells", default="all",
+                        type=lambda v: _names(v, cells, "cell", DEFAULT_CELLS),
+                        help=f"comma-separated from {', '.join(cells)} (default all: "
+                             f"{', '.join(DEFAULT_CELLS)})")
     parser.add_argument("--modes", default="all", type=lambda v: _names(v, MODES, "mode"),
                         help="inference, training or all (training: forward + backward of "
                              "sum(y))")
     parser.add_argument("--peers", default=None, type=lambda v: _names(v, PEERS, "peer"),
-                        help="torch (nn.LSTM/nn.GRU), eager (PyTorch loop), jax (lax.scan+jit);"
+                        help="torch (nn.LSTM/nn.GRU), eager (PyTorch loop), compile (that loop "
+                             "with torch.compile of its step), jax (lax.scan+jit);"
                              " default: all, jax only when it imports")
     parser.add_argument("--backend", default="llvm", help="rnnc backend (default llvm)")
     parser.add_argument("--threads", type=int, default=None,
@@ -97,7 +102,7 @@ def _set_threads(args: argparse.Namespace, peers: list[str], threads: int) -> di
         team = process.TEAM.value(True)
     on_team = args.backend == "llvm" and team and threads > 1
     used = [f"rnnc {threads if options else 1}" + (" (team)" if on_team else "")]
-    if {"torch", "eager"} & set(peers):
+    if {"torch", "eager", "compile"} & set(peers):
         import torch
 
         torch.set_num_threads(threads)
@@ -182,6 +187,6 @@ def main(argv: list[str] | None = None) -> int:
     return run(args)
 
 
-__all__ = ["CELLS", "COLUMNS", "CONFIGS", "MODES", "PEERS", "CellSpec", "Config", "add_arguments",
-           "gemm_flop",
-           "bench_one", "layer_params", "main", "rnnc_call", "run", "tiny", "timed"]
+__all__ = ["CELLS", "COLUMNS", "CONFIGS", "DEFAULT_CELLS", "MODES", "PEERS", "CellSpec", "Config",
+           "add_arguments", "bench_one", "gemm_flop", "layer_params", "main", "rnnc_call", "run",
+           "tiny", "timed"]

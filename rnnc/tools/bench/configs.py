@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import rnnc
-from rnnc.tools.bench import steps
+from rnnc.tools.bench import steps, tensor_steps
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,8 @@ CONFIGS = {
     "C2": Config("C2", 100, 1, 256, 256),
     "C3": Config("C3", 50, 16, 128, 128),
     "C4": Config("C4", 200, 32, 256, 256, layers=2, directions=2),
+    # The selective SSM's target (issue 33): D = I = H = 256 channels of 16 states each.
+    "SSM": Config("SSM", 1024, 8, 256, 256),
 }
 
 
@@ -68,6 +70,15 @@ class CellSpec:
     peer_params: Callable[[dict], dict]
     states: tuple[str, ...]
     torch_module: str | None = None  # "LSTM" or "GRU": a built-in to compare with
+    # The states' feature shapes for a config (default (H,) each): cells with feature shapes,
+    # which rnnc runs through rnnc.compile (one layer), not rnnc.RNN.
+    state_shapes: Callable[[Config], tuple[tuple[int, ...], ...]] | None = None
+
+    def features(self, config: Config) -> tuple[tuple[int, ...], ...]:
+        """Each state's feature shape, in the order of ``states``."""
+        if self.state_shapes is None:
+            return ((config.H,),) * len(self.states)
+        return self.state_shapes(config)
 
     @property
     def factory(self) -> Callable[[int, int], rnnc.Cell]:
@@ -82,8 +93,17 @@ CELLS = {
     "peephole_lstm": CellSpec(rnnc.cells.peephole_lstm, steps.peephole_step,
                               steps.peephole_params, ("h", "c")),
     "ln_lstm": CellSpec(ln_lstm, steps.ln_lstm_step, dict, ("h", "c")),
+    "slstm": CellSpec(tensor_steps.slstm, tensor_steps.slstm_step, dict, ("h", "c", "n", "m"),
+                      state_shapes=tensor_steps.slstm_states),
+    "slstm_slices": CellSpec(tensor_steps.slstm_slices, tensor_steps.slstm_step,
+                             tensor_steps.slices_params, ("h", "c", "n", "m"),
+                             state_shapes=tensor_steps.slstm_states),
+    "selective_ssm": CellSpec(tensor_steps.selective_ssm, tensor_steps.ssm_step, dict, ("h",),
+                              state_shapes=tensor_steps.ssm_states),
 }
-PEERS = ("torch", "eager", "jax")
+# The cells "all" means: the ones with feature shapes run by name (--cells slstm,...).
+DEFAULT_CELLS = ("lstm", "gru", "mgu", "peephole_lstm", "ln_lstm")
+PEERS = ("torch", "eager", "compile", "jax")
 MODES = ("inference", "training")
 
 

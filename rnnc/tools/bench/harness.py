@@ -31,6 +31,8 @@ from rnnc.tools.bench.peers import jax_call, torch_builtin_call, torch_eager_cal
 def rnnc_call(spec: CellSpec, config: Config, grid: list, mode: str, backend: str,
               options: dict) -> tuple[Callable[[np.ndarray], Any], str]:
     """A callable ``x -> y`` timing ``rnnc.RNN`` with the weights ``grid``, and its label."""
+    if spec.state_shapes is not None:
+        return _compiled_call(spec, config, grid, mode, backend, options)
     layer = rnnc.RNN(spec.mode, config.I, config.H, num_layers=config.layers,
                      bidirectional=config.directions == 2, backend=backend, **options)
     if mode == "inference":
@@ -41,6 +43,24 @@ def rnnc_call(spec: CellSpec, config: Config, grid: list, mode: str, backend: st
         layer.backward(tape, d_y=np.ones_like(y))
         return y
     return train, "rnnc.RNN"
+
+
+def _compiled_call(spec: CellSpec, config: Config, grid: list, mode: str, backend: str,
+                   options: dict) -> tuple[Callable[[np.ndarray], Any], str]:
+    """A one-layer cell with feature shapes through ``rnnc.compile`` (layers stack (B, n)
+    states), the backend's default form (on LLVM the SSM keeps its loop, which measured faster
+    than its parallel scan: benchmarks/selective_ssm_forms.py)."""
+    cell = spec.factory(config.I, config.H)
+    fn = rnnc.compile(cell, backend=backend)
+    params = grid[0][0]
+    if mode == "inference":
+        return (lambda x: fn(x, params)[0]["y"]), "rnnc.compile"
+
+    def train(x: np.ndarray) -> np.ndarray:
+        ys, _, tape = fn.forward(x, params)
+        fn.backward(tape, d_outputs={"y": np.ones_like(ys["y"])})
+        return ys["y"]
+    return train, "rnnc.compile"
 
 
 def _as_numpy(y: Any) -> np.ndarray:
@@ -129,8 +149,11 @@ def bench_one(config: Config, cell: str, mode: str, peers: list[str], args: argp
         else:
             import torch
 
-            build = torch_builtin_call if peer == "torch" else torch_eager_call
-            fn, labels[peer] = build(spec, config, grid, mode)
+            if peer == "torch":
+                fn, labels[peer] = torch_builtin_call(spec, config, grid, mode)
+            else:
+                fn, labels[peer] = torch_eager_call(spec, config, grid, mode,
+                                                    compiled=peer == "compile")
             xt = torch.from_numpy(x)
             calls[peer] = lambda fn=fn, xt=xt: fn(xt)
     timings, firsts = timed(calls, args.reps, args.warmup)

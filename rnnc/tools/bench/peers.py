@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 class _TorchMath:
     def __init__(self, torch) -> None:
         self.sigmoid, self.tanh, self.rsqrt = torch.sigmoid, torch.tanh, torch.rsqrt
+        # The cells with feature shapes (tensor_steps.py) use these too.
+        self.exp, self.maximum, self.einsum = torch.exp, torch.maximum, torch.einsum
+        self.softplus = torch.nn.functional.softplus
+        self.log_sigmoid = torch.nn.functional.logsigmoid
 
     @staticmethod
     def mean(v):
@@ -61,12 +65,14 @@ def torch_builtin_call(spec: CellSpec, config: Config, grid: list, mode: str):
 
 
 def torch_eager_call(spec: CellSpec, config: Config, grid: list, mode: str,
-                     device: str = "cpu"):
+                     device: str = "cpu", compiled: bool = False):
     """A Python loop over time of the same cell, one small PyTorch op at a time, with its
-    weights on ``device`` (the input must be there too)."""
+    weights on ``device`` (the input must be there too); ``compiled``: the loop calls
+    ``torch.compile`` of the step (compiling the whole loop unrolls every step)."""
     import torch
 
     m = _TorchMath(torch)
+    step = torch.compile(spec.step, dynamic=False) if compiled else spec.step
     weights = [[{k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in
                  spec.peer_params(p).items()} for p in row] for row in grid]
     leaves = [w for row in weights for q in row for w in q.values()]
@@ -76,10 +82,10 @@ def torch_eager_call(spec: CellSpec, config: Config, grid: list, mode: str,
         for row in weights:
             outs = []
             for d, q in enumerate(row):
-                state = tuple(x.new_zeros(B, config.H) for _ in spec.states)
+                state = tuple(x.new_zeros((B, *shape)) for shape in spec.features(config))
                 ys = [None] * T
                 for t in (range(T) if d == 0 else range(T - 1, -1, -1)):
-                    ys[t], state = spec.step(m, x[t], state, q)
+                    ys[t], state = step(m, x[t], state, q)
                 outs.append(torch.stack(ys))
             x = outs[0] if len(outs) == 1 else torch.cat(outs, -1)
         return x
@@ -88,7 +94,7 @@ def torch_eager_call(spec: CellSpec, config: Config, grid: list, mode: str,
         def infer(x):
             with torch.no_grad():
                 return forward(x)
-        return infer, "eager loop"
+        return infer, "compiled step loop" if compiled else "eager loop"
 
     def train(x):
         for w in leaves:
@@ -98,7 +104,7 @@ def torch_eager_call(spec: CellSpec, config: Config, grid: list, mode: str,
         y = forward(x)
         y.sum().backward()
         return y
-    return train, "eager loop"
+    return train, "compiled step loop" if compiled else "eager loop"
 
 
 # ---------------------------------------------------------------- JAX
@@ -120,6 +126,8 @@ def jax_call(spec: CellSpec, config: Config, grid: list, mode: str):
 
     class m:
         sigmoid, tanh, rsqrt = jax.nn.sigmoid, jnp.tanh, jax.lax.rsqrt
+        exp, maximum, einsum = jnp.exp, jnp.maximum, jnp.einsum
+        softplus, log_sigmoid = jax.nn.softplus, jax.nn.log_sigmoid
 
         @staticmethod
         def mean(v):
@@ -136,7 +144,7 @@ def jax_call(spec: CellSpec, config: Config, grid: list, mode: str):
                 def body(state, xt, q=q):
                     y, state = spec.step(m, xt, state, q)
                     return state, y
-                init = tuple(jnp.zeros((B, config.H), x.dtype) for _ in spec.states)
+                init = tuple(jnp.zeros((B, *shape), x.dtype) for shape in spec.features(config))
                 outs.append(jax.lax.scan(body, init, x, reverse=d == 1)[1])
             x = outs[0] if len(outs) == 1 else jnp.concatenate(outs, -1)
         return x

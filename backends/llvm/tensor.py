@@ -1,0 +1,142 @@
+"""LLVM rules of the tensor ops (``rnnc/ops_tensor.py``): each one loop nest over letters.
+
+Every tensor op is a contraction: the result at an index of its letters is the sum, over the
+letters it lacks, of the product of its operands at theirs. ``reshape`` reads its operand as
+the same flat features (layouts are row-major), ``sum_axis`` and ``sum_lead`` read one operand
+with more letters than the result, ``einsum`` spells its spec's letters (its rows ``...`` as
+letters of their own). A buffer is viewed with one axis per letter; the result's letters are
+the outer loops, the summed letters the inner ones, accumulated in a register.
+
+A head-wise product ``"...hd,hde->...he"`` whose operands are laid out as per-head matrices
+runs as one BLAS GEMM per head inside the same generated function (:mod:`.gemm`): one batched
+product per step, never one rnnc call per head.
+"""
+
+from __future__ import annotations
+
+import math
+import string
+
+from llvmlite import ir
+
+from rnnc import ops
+from rnnc.backends.llvm import gemm
+from rnnc.backends.llvm.context import I64, Buffer, Context
+from rnnc.backends.llvm.kernels import Kernel
+from rnnc.ir import Node
+from rnnc.ops_tensor import explicit
+
+
+def _contract(ctx: Context, name: str, out: Buffer, out_letters: str,
+              operands: list[tuple[Buffer, str]], sizes: dict[str, object]) -> None:
+    """``out[out_letters] = sum over the other letters of prod operand[letters]``."""
+    kernel = Kernel(ctx, name, [out] + [buf for buf, _ in operands])
+    b = kernel.builder
+    summed = "".join(dict.fromkeys(c for _, ls in operands for c in ls if c not in out_letters))
+    acc = b.alloca(ctx.scalar)  # in the entry block: one register, not one slot per element
+
+    def product(at: dict) -> ir.Value:
+        value = None
+        for k, (_, letters) in enumerate(operands, start=1):
+            x = kernel.load(k, tuple(at[c] for c in letters))
+            value = x if value is None else b.fmul(value, x)
+        return value
+
+    def element(index: tuple) -> None:
+        at = dict(zip(out_letters, index, strict=True))
+        if not summed:
+            kernel.store(0, index, product(at))
+            return
+        b.store(ir.Constant(ctx.scalar, 0.0), acc)
+        kernel.nest(tuple(sizes[c] for c in summed), lambda inner: b.store(
+            b.fadd(b.load(acc), product({**at, **dict(zip(summed, inner, strict=True))})), acc))
+        kernel.store(0, index, b.load(acc))
+
+    kernel.nest(tuple(sizes[c] for c in out_letters), element)
+    kernel.finish()
+
+
+def _letters(n: int) -> str:
+    return string.ascii_letters[:n]
+
+
+def _reshape(ctx: Context, node: Node, out: Buffer, a: Buffer) -> None:
+    lead = a.shape[:len(a.shape) - node.attrs["rank"]]
+    flat = lead + (math.prod(node.attrs["shape"]),)
+    letters = _letters(len(flat))
+    _contract(ctx, "reshape", Buffer(out.ptr, flat), letters, [(Buffer(a.ptr, flat), letters)],
+              dict(zip(letters, flat, strict=True)))
+
+
+def _sum_axis(ctx: Context, node: Node, out: Buffer, a: Buffer) -> None:
+    letters = _letters(len(a.shape))
+    axis = len(a.shape) + node.attrs["axis"]
+    kept = letters[:axis] + letters[axis + 1:]
+    view = a.shape[:axis] + a.shape[axis + 1:]
+    _contract(ctx, "sum_axis", Buffer(out.ptr, view), kept, [(a, letters)],
+              dict(zip(letters, a.shape, strict=True)))
+
+
+def _sum_lead(ctx: Context, node: Node, out: Buffer, a: Buffer) -> None:
+    letters = _letters(len(a.shape))
+    _contract(ctx, "sum_lead", out, letters[len(letters) - node.attrs["rank"]:], [(a, letters)],
+              dict(zip(letters, a.shape, strict=True)))
+
+
+def _einsum(ctx: Context, node: Node, out: Buffer, *operands: Buffer) -> None:
+    terms, out_term, _ = explicit(node.attrs["spec"], [o.shape for o in operands])
+    sizes: dict[str, object] = {}
+    for buf, term in zip(operands, terms, strict=True):
+        sizes.update(zip(term, buf.shape, strict=True))
+    if _headwise(ctx, terms, out_term, out, operands, sizes):
+        return
+    _contract(ctx, "einsum", out, out_term, list(zip(operands, terms, strict=True)), sizes)
+
+
+def _headwise(ctx: Context, terms: list[str], out_term: str, out: Buffer,
+              operands: tuple[Buffer, ...], sizes: dict) -> bool:
+    """A head-wise product as one GEMM per head ``h``, each head's rows a strided matrix of
+    the batched operands: ``rows h k, h k n -> rows h n`` (``h n k`` for the product with the
+    transpose, the input's gradient) or ``rows h n, rows h k -> h k n`` (the weight's
+    gradient, a sum over the rows). False when the spec has another form."""
+    if len(terms) != 2 or len(terms[1]) != 3 and len(terms[0]) != len(terms[1]):
+        return False
+    (x, w), b = terms, ctx.builder
+    if len(out_term) == 3 and x[:-2] == w[:-2] and len(x) > 2:  # the weight's gradient
+        rows, heads, n, k = x[:-2], x[-2], x[-1], w[-1]
+        if w[-2] != heads or out_term != heads + k + n:
+            return False
+        sites = [(True, False, operands[1], operands[0], out)]
+    else:
+        rows, heads, k = x[:-2], x[-2:-1], x[-1:]
+        n = out_term[-1:]
+        if not rows or out_term != rows + heads + n or w[0] != heads or w[1:] not in (k + n,
+                                                                                        n + k):
+            return False
+        sites = [(False, w[1:] == n + k, operands[0], operands[1], out)]
+    H, K, N = sizes[heads], sizes[k], sizes[n]
+    dims = tuple(sizes[c] for c in rows)
+    count = ctx.numel(dims)
+
+    def at(buf: Buffer, offset: int) -> ir.Value:
+        return b.gep(buf.ptr, [ir.Constant(I64, offset)], inbounds=True)
+
+    for transa, transb, left, right, result in sites:
+        for h in range(H):  # H is a compile-time size: the per-head offsets are constants
+            if transa:  # (K, rows) @ (rows, N) into head h's (K, N) block
+                gemm.emit_blas_gemm(ctx, True, False, ((K,), (N,), dims), ctx.dim(K), N, count,
+                                    at(left, h * K), H * K, at(right, h * N), H * N,
+                                    at(result, h * K * N), N)
+            else:
+                gemm.emit_blas_gemm(ctx, False, transb, (dims, (N,), (K,)), count, N, K,
+                                    at(left, h * K), H * K, at(right, h * K * N),
+                                    K if transb else N, at(result, h * N), H * N)
+    return True
+
+
+RULES = {
+    ops.tensor.reshape: _reshape,
+    ops.tensor.sum_axis: _sum_axis,
+    ops.tensor.sum_lead: _sum_lead,
+    ops.tensor.einsum: _einsum,
+}
