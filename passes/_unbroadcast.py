@@ -40,10 +40,10 @@ def unbroadcast(e: Emitter, g: int, shape: tuple) -> int:
 def _unbroadcast_features(e: Emitter, g: int, shape: tuple) -> int:
     """Sum ``g`` over the leading axes ``shape`` lacks, then over each axis it has as 1."""
     if len(shape) < len(e.shape(g)):
-        g = e(ops.tensor.sum_lead, g, rank=len(shape))
+        g = e(ops.sum_lead, g, rank=len(shape))
     for axis in range(-len(shape), 0):
         if shape[axis] == 1 and e.shape(g)[axis] != 1:
-            g = e(ops.sum_ if axis == -1 else ops.tensor.sum_axis, g,
+            g = e(ops.sum_ if axis == -1 else ops.sum_axis, g,
                   **({} if axis == -1 else {"axis": axis}))
     assert e.shape(g) == shape, (e.shape(g), shape)
     return g

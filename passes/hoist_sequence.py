@@ -134,7 +134,7 @@ def _loop_invariant(body: Graph, s: Scan) -> list[int]:
 
 # The products hoisting turns into one GEMM over all steps: matmul, and einsum (a head-wise
 # product of an input is one batched GEMM over T*B rows, rnnc/ops_tensor.py).
-_PRODUCTS = (ops.matmul, ops.tensor.einsum)
+_PRODUCTS = (ops.matmul, ops.einsum)
 
 
 def _worth_hoisting(body: Graph, movable: list[int]) -> list[int]:

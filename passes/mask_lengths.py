@@ -96,7 +96,7 @@ def _mask_for(body: Graph, mask: int, rank: int) -> int:
     """The (B, 1) mask as (B, 1, ..., 1) for a carry of ``rank`` axes with feature shapes."""
     if rank <= 2:
         return mask
-    return body.add(ops.tensor.reshape, (mask,), {"rank": 1, "shape": (1,) * (rank - 1)},
+    return body.add(ops.reshape, (mask,), {"rank": 1, "shape": (1,) * (rank - 1)},
                     origin=ORIGIN)
 
 

@@ -58,7 +58,7 @@ def reshape(v: Value, *shape: Any) -> Value:
         known = int(np.prod([d for d in shape if d != -1]))
         shape = tuple(total // known if d == -1 and known and total % known == 0 else d
                       for d in shape)
-    return _apply(ops.tensor.reshape, v, rank=len(features), shape=tuple(shape))
+    return _apply(ops.reshape, v, rank=len(features), shape=tuple(shape))
 
 
 def _axis(v: Value, axis: Any) -> int:
@@ -74,7 +74,7 @@ def _axis(v: Value, axis: Any) -> int:
 def total(v: Value, axis: Any = -1, keepdims: bool = False) -> Value:
     """The sum of ``v`` over one feature axis (``-1``, the last, by default)."""
     axis = _axis(v, axis)
-    out = _apply(ops.sum_ if axis == -1 else ops.tensor.sum_axis, v,
+    out = _apply(ops.sum_ if axis == -1 else ops.sum_axis, v,
                  **({} if axis == -1 else {"axis": axis}))
     return out if keepdims else _drop(out, axis)
 
@@ -90,7 +90,7 @@ def _drop(v: Value, axis: int) -> Value:
     if len(features) == 1:
         return v  # a (B, 1) value keeps its one feature
     kept = features[:len(features) + axis] + features[len(features) + axis + 1:]
-    return _apply(ops.tensor.reshape, v, rank=len(features), shape=kept)
+    return _apply(ops.reshape, v, rank=len(features), shape=kept)
 
 
 def index(v: Value, key: Any) -> Value:
@@ -149,7 +149,7 @@ def _add_axes(v: Value, key: tuple) -> Value:
         new.append(1 if k is None else next(axes))
     features = _features(v)
     lead = len(shape) - len(features)
-    return _apply(ops.tensor.reshape, v, rank=len(features), shape=tuple(new[lead:]))
+    return _apply(ops.reshape, v, rank=len(features), shape=tuple(new[lead:]))
 
 
 def einsum(spec: str, *operands: Value) -> Value:
@@ -171,4 +171,4 @@ def einsum(spec: str, *operands: Value) -> Value:
     batched = [bool(o.shape) and o.shape[0] == "B" for o in operands]
     canonical = unparse([(b, t) for b, (_, t) in zip(batched, inputs, strict=False)],
                         (any(batched), out))
-    return _apply(ops.tensor.einsum, *operands, spec=canonical)
+    return _apply(ops.einsum, *operands, spec=canonical)

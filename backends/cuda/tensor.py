@@ -106,8 +106,8 @@ def _einsum(s: Site) -> str:
 
 
 RULES: dict[ops.Op, Callable[[Site], str]] = {
-    ops.tensor.reshape: _reshape,
-    ops.tensor.sum_axis: _sum_axis,
-    ops.tensor.sum_lead: _sum_lead,
-    ops.tensor.einsum: _einsum,
+    ops.reshape: _reshape,
+    ops.sum_axis: _sum_axis,
+    ops.sum_lead: _sum_lead,
+    ops.einsum: _einsum,
 }

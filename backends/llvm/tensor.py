@@ -135,8 +135,8 @@ def _headwise(ctx: Context, terms: list[str], out_term: str, out: Buffer,
 
 
 RULES = {
-    ops.tensor.reshape: _reshape,
-    ops.tensor.sum_axis: _sum_axis,
-    ops.tensor.sum_lead: _sum_lead,
-    ops.tensor.einsum: _einsum,
+    ops.reshape: _reshape,
+    ops.sum_axis: _sum_axis,
+    ops.sum_lead: _sum_lead,
+    ops.einsum: _einsum,
 }
