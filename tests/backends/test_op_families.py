@@ -69,7 +69,8 @@ def test_every_primitive_has_a_rule_on_every_backend() -> None:
 def test_every_op_is_documented_and_the_dsl_makes_exactly_its_functions() -> None:
     assert all(op.doc.strip() for op in ops.PRIMITIVES if op.dsl_function)
     public = {op.name for op in ops.PRIMITIVES if op.dsl_function}
-    assert set(dsl.FUNCTIONS) == public
+    # einsum and reshape take a spec or a shape, not operands alone: rnnc.dsl_tensor writes them.
+    assert set(dsl.FUNCTIONS) == public | {"einsum", "reshape"}
 
 
 def _named_ops(path: Path) -> set[str]:

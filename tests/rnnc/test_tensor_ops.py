@@ -14,11 +14,10 @@ import numpy as np
 import pytest
 
 import rnnc
-from rnnc import ops
+from rnnc import ops_tensor as tensor
 from rnnc.errors import ShapeError
 from tests.numeric import central_difference
 
-tensor = ops.tensor
 T, B = 3, 2
 
 
