@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from rnnc import ops, process
+from rnnc import process
 from rnnc.backends import is_backward
 from rnnc.backends.cuda import autotune
 from rnnc.backends.cuda import precision as precision_module
@@ -87,12 +87,6 @@ def load_cupy() -> Any:
     if count == 0:
         raise BackendUnavailable(UNAVAILABLE.format(why="no CUDA device found"))
     return cupy
-
-
-def has_bf16_gemms(schedule: ProgramSteps) -> bool:
-    """Whether a step of the loop body is a bfloat16 GEMM."""
-    return any(step.op is ops.matmul and step.attrs.get("precision") == "bf16"
-               for step in schedule.body.steps)
 
 
 class CudaBackend:
@@ -162,10 +156,9 @@ class Runner:
         # TF32 GEMMs (backends/cuda/precision.py): float32 programs only. The fused kernel
         # computes its product in full float32, so TF32 keeps the GEMM path.
         self.tf32 = backend.precision == "tf32" and self.dtype == np.float32
-        # A backward program's steps keep their GEMMs (.fused_step), as do bfloat16 GEMMs
-        # (.bf16: the fused kernels compute their products in float32).
-        mode = "never" if self.tf32 or is_backward(mode) or has_bf16_gemms(schedule) \
-            else backend.fused_step
+        # A backward program's steps keep their GEMMs (.fused_step). bfloat16 products fuse:
+        # the fused kernels read bfloat16 weights (.bf16).
+        mode = "never" if self.tf32 or is_backward(mode) else backend.fused_step
         module = render(schedule, fused_step=mode)
         self.source = module.source
         self.xp = backend.xp
