@@ -118,13 +118,7 @@ def tile_function(name: str, tile: Tile, ctype: str, transpose_b: bool,
     a_param = f"const {t}* a" if b_shared else f"const {t}* __restrict__ a"
     b_type = "unsigned short" if bf16 else t
     buffers = f"{t}* __restrict__ tile_a" + ("" if b_shared else f", {t}* __restrict__ tile_b")
-    weight = f"b[(k0 + kk) * {G * U} + g * {U} + unit]" if b_shared else \
-        f"tile_b[kk * {G * U} + g * {U} + unit]"
-    if bf16 and b_shared:
-        weight = f"rnnc_bf16_float({weight})"
-    a_value = f"a[r * {tile.K} + k]"
-    if bf16:
-        a_value = f"rnnc_round_bf16({a_value})"
+    a_value, weight = _reads(tile, b_shared, bf16)
     lines = [
         f"// One tile of P = a @ b{'^T' if transpose_b else ''}: rows [r0, r0 + {tile.rows}), "
         f"columns g*{tile.H} + [u0, u0 + {U}) of {G} gates,",
@@ -167,6 +161,20 @@ def tile_function(name: str, tile: Tile, ctype: str, transpose_b: bool,
         "}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _reads(tile: Tile, b_shared: bool, bf16: bool) -> tuple[str, str]:
+    """The C expressions of the tile function's element of ``a`` (at row r, column k) and
+    of ``b`` (at stage row kk, gate g, the thread's unit), rounded or widened for ``bf16``."""
+    GU, U = tile.G * tile.units, tile.units
+    weight = f"b[(k0 + kk) * {GU} + g * {U} + unit]" if b_shared else \
+        f"tile_b[kk * {GU} + g * {U} + unit]"
+    a_value = f"a[r * {tile.K} + k]"
+    if not bf16:
+        return a_value, weight
+    # tile_b holds float32 already; a slice in shared memory keeps the bits.
+    return f"rnnc_round_bf16({a_value})", \
+        f"rnnc_bf16_float({weight})" if b_shared else weight
 
 
 def load_b_lines(buffer: str, k0: str, depth: int, tile: Tile, ctype: str, transpose_b: bool,
