@@ -85,7 +85,7 @@ def to_bits_for(xp: Any) -> Any:
     bfloat16 bits of ``x`` (float32): the rounding kernel for CuPy, NumPy in emulation."""
     if getattr(xp, "__name__", "") != "cupy":
         return emulated_bits
-    return CublasBf16(xp).into
+    return matmul_for(xp).into
 
 
 @functools.cache
@@ -115,8 +115,12 @@ class CublasBf16:
         return y
 
     def into(self, x: Any, out: Any) -> None:
-        """``out`` (C-ordered uint16) = the bfloat16 bits of ``x`` (C-ordered float32): one
-        launch, nothing allocated, so a CUDA graph can capture it."""
+        """``out`` (C-ordered uint16) = the bfloat16 bits of ``x`` (float32): for a C-ordered
+        ``x`` (a plan's weights are) one launch, nothing allocated, so a CUDA graph can
+        capture it."""
+        if not x.flags.c_contiguous:
+            out[...] = self.to_bf16(x)
+            return
         n = x.size
         if n:
             self.round((min((n + 255) // 256, 4096),), (256,), (x, out, np.int64(n)))

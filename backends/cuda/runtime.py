@@ -42,6 +42,8 @@ path runs, how it was chosen, what choosing cost the first call, and whether a g
 the body and the shape allow it, else the fused steps; emulation uses it only when asked, as
 its fibers make it slow. The fused kernel computes the product in full float32, so
 ``precision="tf32"`` keeps the GEMM path for float32 programs; backward programs keep it too.
+bfloat16 products (``precision="bf16"``) take every path: the fused kernels read bfloat16
+weights (:mod:`.bf16`).
 Where a module has barrier kernels, emulation loads it through :mod:`.mixed`.
 """
 

@@ -11,6 +11,8 @@ every bfloat16 kernel compiles to PTX for sm_80 and sm_90.
 
 from __future__ import annotations
 
+import types
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -18,7 +20,7 @@ from test_cuda_ptx import ARCHS, compilers
 
 import rnnc
 from rnnc.backends.cuda import codegen
-from rnnc.backends.cuda.bf16 import DEVICE_HELPERS, emulated_bits
+from rnnc.backends.cuda.bf16 import DEVICE_HELPERS, ROUND_KERNEL, emulated_bits, to_bits_for
 from rnnc.backends.cuda.emulate import EmulatedModule
 from rnnc.backends.cuda.persistent import persistent_tile
 from rnnc.backends.cuda.ptx import compile_ptx
@@ -156,6 +158,20 @@ extern "C" __global__ void bits(const float* x, unsigned short* y, float* z, lon
 FEW = (("lstm", 70, "inference"), ("gru", 5, "forward"), ("tied_lstm", 5, "inference"))
 EVERY = tuple((name, H, mode) for name in ("lstm", "gru", "tied_lstm") for H in (5, 70)
               for mode in ("inference", "forward"))
+
+
+def test_the_gpu_conversion_runs_the_rounding_kernel() -> None:
+    """On a GPU the plan converts a weight with the rounding kernel, in place for a C-ordered
+    weight and through a copy for another: here with that kernel emulated."""
+    cupy = types.ModuleType("cupy")
+    cupy.RawModule = lambda code: EmulatedModule(code, [ROUND_KERNEL])
+    cupy.ascontiguousarray, cupy.empty = np.ascontiguousarray, np.empty
+    convert = to_bits_for(cupy)
+    weight = np.random.default_rng(0).standard_normal((6, 10)).astype(np.float32)
+    for x in (weight, weight.T):
+        bits = np.zeros(x.shape, np.uint16)
+        convert(x, bits)
+        np.testing.assert_array_equal(bits, x.astype(ml_dtypes.bfloat16).view(np.uint16))
 
 
 def bf16_modules(which: tuple) -> list:
