@@ -28,6 +28,11 @@ from tests.backends.test_cuda_fused_step import T, case, make, tied_lstm
 
 # Sums in another order than the oracle's: float32 rounding, far below bf16's (~1e-3 here).
 TOLERANCE = dict(rtol=2e-5, atol=2e-6)
+# At B=37, H=70 one state element lies within float32 rounding of a bfloat16 rounding
+# boundary, so it rounds to the neighbouring bfloat16 value in the next step's product, and
+# its row differs by up to 8e-6 from then on: the GEMM path and the LLVM backend show the
+# same (a near tie, tests/fuzz/differential.py), still a hundred times below bf16's 8e-4.
+NEAR_TIE_TOLERANCE = dict(rtol=2e-5, atol=2e-5)
 GRADIENT_TOLERANCE = dict(rtol=1e-4, atol=2e-5)
 MODES = ("always", "persistent")
 
@@ -54,18 +59,21 @@ def assert_close(got: dict, want: dict, tolerance: dict) -> None:
         np.testing.assert_allclose(got[key], want[key], err_msg=key, **tolerance)
 
 
+@pytest.mark.parametrize("B, H", [(3, 5), pytest.param(37, 70, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("fused_step", MODES)
 @pytest.mark.parametrize("name", ["lstm", "gru"])
-def test_inference_matches_the_bf16_oracle(name: str, fused_step: str) -> None:
-    cell = make(name, 5)
+def test_inference_matches_the_bf16_oracle(name: str, fused_step: str, B: int, H: int) -> None:
+    """Edge tiles along rows, units and K; at H = 70 several blocks of units."""
+    cell = make(name, H)
     fn = rnnc.compile(cell, backend="cuda", emulate=True, precision="bf16",
                       fused_step=fused_step)
     oracle = rnnc.compile(cell, optimize=False, precision="bf16")
-    x, params, states, lengths = case(cell, 3, np.float32)
+    x, params, states, lengths = case(cell, B, np.float32)
     ys, finals = fn(x, params, states=states, lengths=lengths)
     want, want_finals = oracle(x, params, states=states, lengths=lengths)
-    assert_close(ys, want, TOLERANCE)
-    assert_close(finals, want_finals, TOLERANCE)
+    tolerance = TOLERANCE if B < 10 else NEAR_TIE_TOLERANCE
+    assert_close(ys, want, tolerance)
+    assert_close(finals, want_finals, tolerance)
     fp32, _ = rnnc.compile(cell, optimize=False)(x, params, states=states, lengths=lengths)
     assert np.abs(fp32["y"] - want["y"]).max() > 1e-4  # the rounding shows
     for plan in plans(fn, "inference"):
