@@ -7,8 +7,15 @@ products summed in float32 on sm_80 and later. In emulation the same operands ar
 :func:`rnnc.precision.round_bf16` and multiplied in float32 by NumPy, which is exact: the
 product of two bfloat16 values is a float32 value, so only the order of the float32 sums
 differs between the two. Everything around the GEMMs (the kernels, the states, the tape)
-stays float32; the fused-step kernels compute their products in float32, so a program with
-bfloat16 GEMMs keeps the GEMM path (:mod:`.runtime`).
+stays float32.
+
+The fused-step and persistent kernels (:mod:`.fused_step`, :mod:`.persistent`) run bfloat16
+products too: before the time loop the plan converts the recurrent weight once into 16-bit
+bfloat16 bits (:func:`to_bits_for`, half the bytes of float32), and the kernel reads those
+bits, rounds each element of the carried state it loads with :data:`DEVICE_HELPERS` (the same
+rounding as :data:`ROUND_SOURCE`), multiplies in float32 (exact: a product of two bfloat16
+values is a float32 value) and sums in float32. ``__float_as_uint``/``__uint_as_float`` are the
+only intrinsics the helpers use; ``shim.h`` defines them for emulation.
 """
 
 from __future__ import annotations
@@ -36,6 +43,21 @@ extern "C" __global__ void rnnc_round_bf16(const float* x, unsigned short* y, lo
     }
 }
 """
+# The kernels' bfloat16 helpers, in the source before the kernels that read bfloat16 weights:
+# the bits of a float32 (the rounding above), the float32 of bits, and the two together.
+DEVICE_HELPERS = r"""
+__device__ __forceinline__ unsigned short rnnc_bf16_bits(float x) {
+    const unsigned int bits = __float_as_uint(x);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((bits >> 16) | 0x40u);
+    return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+__device__ __forceinline__ float rnnc_bf16_float(unsigned short bits) {
+    return __uint_as_float((unsigned int)bits << 16);
+}
+__device__ __forceinline__ float rnnc_round_bf16(float x) {
+    return rnnc_bf16_float(rnnc_bf16_bits(x));
+}
+"""
 _CUDA_R_32F, _CUDA_R_16BF = 0, 14  # cudaDataType_t
 _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT = 68, -1
 
@@ -44,6 +66,26 @@ def emulated_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None
                     ) -> np.ndarray:
     """``a @ b`` with both operands rounded to bfloat16 and float32 sums, on the CPU."""
     return np.matmul(round_bf16(a), round_bf16(b), out=out)
+
+
+def emulated_bits(x: np.ndarray, out: np.ndarray) -> None:
+    """``out`` (uint16) = the bfloat16 bits of ``x`` (float32), as :data:`ROUND_SOURCE` makes
+    them on a GPU (ties to even, NaN kept quiet)."""
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) \
+        >> np.uint32(16)
+    quiet = (bits >> np.uint32(16)) | np.uint32(0x40)
+    out[...] = np.where(nan, quiet, rounded).astype(np.uint16)
+
+
+@functools.cache
+def to_bits_for(xp: Any) -> Any:
+    """``convert(x, out)`` of the array module ``xp``: ``out`` (uint16, x's shape) the
+    bfloat16 bits of ``x`` (float32): the rounding kernel for CuPy, NumPy in emulation."""
+    if getattr(xp, "__name__", "") != "cupy":
+        return emulated_bits
+    return matmul_for(xp).into
 
 
 @functools.cache
@@ -71,6 +113,17 @@ class CublasBf16:
         if n:
             self.round((min((n + 255) // 256, 4096),), (256,), (x, y, np.int64(n)))
         return y
+
+    def into(self, x: Any, out: Any) -> None:
+        """``out`` (C-ordered uint16) = the bfloat16 bits of ``x`` (float32): for a C-ordered
+        ``x`` (a plan's weights are) one launch, nothing allocated, so a CUDA graph can
+        capture it."""
+        if not x.flags.c_contiguous:
+            out[...] = self.to_bf16(x)
+            return
+        n = x.size
+        if n:
+            self.round((min((n + 255) // 256, 4096),), (256,), (x, out, np.int64(n)))
 
     def __call__(self, a: Any, b: Any, out: Any = None) -> Any:
         cupy = self.cupy

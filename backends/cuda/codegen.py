@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from rnnc import ops
+from rnnc.backends.cuda import bf16
 from rnnc.backends.cuda.fused_step import (
     FusedStep,
     Pair,
@@ -139,7 +140,7 @@ class _Kernels:
         a, b = pair.matmul.inputs
         shapes = tuple(tuple(region.node(o).shape) for o in region.outputs.values())
         return FusedStep(step.slot, pair.matmul.slot, name, region_operands(step, pair), a, b,
-                         shapes, pair.tile)
+                         shapes, pair.tile, bf16=pair.bf16)
 
     def launch(self, nodes: Mapping[int, Node], step: Step) -> Launch:
         """The launch computing ``step``: its fused region, or the step alone."""
@@ -211,7 +212,8 @@ def render(program: Program | ProgramSteps, prefix: str = "k_", fused_step: str 
     renderer = CudaRenderer(schedule.dtype)
     kernels = _Kernels(renderer, prefix, (how.scan_columns, how.scan_chunks))
     module = Module(schedule.dtype, "", [])
-    pairs = {} if fused_step == "never" else fused_pairs(schedule.body, schedule.dtype)
+    pairs = {} if fused_step == "never" else fused_pairs(schedule.body, schedule.dtype,
+                                                              schedule.scan.consts)
     module.steps["pre"] = graph_steps(schedule.pre, kernels)
     if pairs and fused_step == "auto":
         module.gemm_body = graph_steps(schedule.body, kernels)
@@ -229,6 +231,8 @@ def render(program: Program | ProgramSteps, prefix: str = "k_", fused_step: str 
                    "per tile of rows and\n// hidden units) and a chunked linear_scan's (one block "
                    "per tile of columns and chunks of steps).\n")
     module.prelude = renderer.prelude()
+    if any(pair.bf16 for pair in pairs.values()):
+        module.prelude += bf16.DEVICE_HELPERS  # the fused steps' bfloat16 loads
     module.kernel_text = "".join("\n" + text.replace("@KERNEL@", name)
                                  for text, name in kernels.names.items())
     module.source = header + module.prelude + module.kernel_text

@@ -24,6 +24,10 @@ come from :class:`~.kernels.KernelWriter` (the element-wise kernels' writer) wit
 from global memory at the thread's (row, unit) as in every other kernel: a bias (N,) at its
 column, the input projection (B, G*H) at its row and gate column, a carried state (B, H), a
 mask (B, 1). Sizes H, K and G are literals; T and B are the kernel's last two parameters.
+
+A bfloat16 product (``matmul[precision=bf16]`` of a float32 program) fuses too: its kernel
+takes ``gemm_b`` as bfloat16 bits, which the host converts once before the loop, and the tile
+rounds ``a`` as it loads it (:mod:`.fused_tile`, :mod:`.bf16`); the epilogue stays float32.
 """
 
 from __future__ import annotations
@@ -37,8 +41,9 @@ from rnnc.backends.cuda.kernels import KernelWriter, Scope, width
 from rnnc.backends.cuda.rules import CudaRenderer
 from rnnc.backends.steps import GraphSteps, Step
 from rnnc.backends.units import unit_width
-from rnnc.ir import FUSED, Graph, Program, Shape
+from rnnc.ir import ARG, FUSED, Graph, Program, Shape
 from rnnc.names import Role
+from rnnc.precision import BF16
 
 ITEMSIZE = {"f32": 4, "f64": 8}
 _ROWS_ONLY = ((), (1,), ("B",))  # the row dims an operand of a fused step may have
@@ -60,6 +65,7 @@ class Pair:
     matmul: Step
     argument: str
     tile: Tile
+    bf16: bool = False  # a bfloat16 product: ``b`` as bfloat16 bits, ``a`` rounded
 
 
 @dataclass(frozen=True)
@@ -76,16 +82,21 @@ class FusedStep:
     shapes: tuple[Shape, ...]
     tile: Tile
     fused: bool = True  # results form a tuple that ``get`` nodes pick from, like a Launch's
+    bf16: bool = False  # the kernel reads ``b`` as bfloat16 bits (the host converts it)
 
 
-def fused_pairs(body: GraphSteps, dtype: str) -> dict[int, Pair]:
-    """The fusable pairs of a loop body, by the region's slot (see the module doc)."""
+def fused_pairs(body: GraphSteps, dtype: str, constants: tuple[str, ...] = ()
+                ) -> dict[int, Pair]:
+    """The fusable pairs of a loop body, by the region's slot (see the module doc); a
+    bfloat16 product fuses where its weight is one of the loop ``constants`` (the host
+    converts those before the loop)."""
     readers: dict[int, list[Step]] = {}
     for step in body.steps:
         for slot in step.inputs:
             readers.setdefault(slot, []).append(step)
     outputs = {o.slot for o in body.outputs.values()} | {o.source[0] for o in body.outputs.values()}
     shapes = {step.slot: tuple(step.node.shape) for step in body.steps if step.op is not FUSED}
+    by_slot = {step.slot: step for step in body.steps}
     pairs: dict[int, Pair] = {}
     for step in body.steps:
         users = readers.get(step.slot, [])
@@ -93,6 +104,10 @@ def fused_pairs(body: GraphSteps, dtype: str) -> dict[int, Pair]:
             continue
         region_step = users[0]
         if region_step.op is not FUSED or region_step.inputs.count(step.slot) != 1:
+            continue
+        weight = by_slot.get(step.inputs[1])
+        if step.attrs.get("precision") == BF16 and not (
+                weight is not None and weight.op is ARG and weight.name in constants):
             continue
         pair = _pair(step, region_step, shapes, dtype)
         if pair is not None:
@@ -103,7 +118,8 @@ def fused_pairs(body: GraphSteps, dtype: str) -> dict[int, Pair]:
 def _pair(matmul: Step, region_step: Step, shapes: Mapping[int, Shape], dtype: str
           ) -> Pair | None:
     """The pair of ``matmul`` and the region reading it, or None where it does not fuse."""
-    if matmul.attrs.get("transpose_a"):
+    bf16 = matmul.attrs.get("precision") == BF16
+    if matmul.attrs.get("transpose_a") or (bf16 and dtype != "f32"):
         return None
     a, b = (shapes.get(i, ()) for i in matmul.inputs)
     if len(a) != 2 or a[0] != "B" or len(b) != 2 or not all(isinstance(d, int) for d in b):
@@ -123,7 +139,7 @@ def _pair(matmul: Step, region_step: Step, shapes: Mapping[int, Shape], dtype: s
            for o in region.outputs.values()):
         return None
     tile = choose_tile(H, N // H, K, ITEMSIZE[dtype])
-    return None if tile is None else Pair(matmul, argument, tile)
+    return None if tile is None else Pair(matmul, argument, tile, bf16)
 
 
 class EpilogueWriter(KernelWriter):
@@ -179,12 +195,13 @@ def epilogue_lines(region: Graph, renderer: CudaRenderer, argument: str, tile: T
     ]
 
 
-def _head(region: Graph, renderer: CudaRenderer, argument: str, tile: Tile, comment: str
+def _head(region: Graph, renderer: CudaRenderer, argument: str, pair: Pair, comment: str
           ) -> list[str]:
-    t = renderer.ctype
+    t, tile = renderer.ctype, pair.tile
     params = [f"const {t}* __restrict__ in{i}" for i, name in enumerate(region.args())
               if name != argument]
-    params += [f"const {t}* __restrict__ gemm_a", f"const {t}* __restrict__ gemm_b"]
+    params += [f"const {t}* __restrict__ gemm_a",
+               f"const {'unsigned short' if pair.bf16 else t}* __restrict__ gemm_b"]
     params += [f"{t}* __restrict__ out{k}" for k in range(len(region.outputs))]
     params += ["long long T", "long long B"]
     return [f"// {comment}",
@@ -197,7 +214,8 @@ def fused_kernel_source(region: Graph, pair: Pair, renderer: CudaRenderer) -> st
     ``@KERNEL@_tile``) for codegen to number."""
     tile, t = pair.tile, renderer.ctype
     transpose_b = bool(pair.matmul.attrs.get("transpose_b"))
-    comment = (f"fused step: P = a @ b{'^T' if transpose_b else ''} ({tile.G} gates of "
+    comment = (f"fused step: P = a @ b{'^T' if transpose_b else ''}"
+               f"{' in bfloat16' if pair.bf16 else ''} ({tile.G} gates of "
                f"{tile.H} units, K = {tile.K}) and its epilogue ({len(region)} nodes, "
                f"{len(region.outputs)} results); blocks of {tile.rows} rows x {tile.units} "
                f"units")
@@ -211,8 +229,8 @@ def fused_kernel_source(region: Graph, pair: Pair, renderer: CudaRenderer) -> st
         *epilogue_lines(region, renderer, pair.argument, tile),
         "}",
     ]
-    tile_text = tile_function("@KERNEL@_tile", tile, t, transpose_b)
-    head = _head(region, renderer, pair.argument, tile, comment)
+    tile_text = tile_function("@KERNEL@_tile", tile, t, transpose_b, bf16=pair.bf16)
+    head = _head(region, renderer, pair.argument, pair, comment)
     return tile_text + "\n".join(head + body) + "\n"
 
 

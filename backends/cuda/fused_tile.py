@@ -19,6 +19,12 @@ units past ``H`` and columns past ``K`` load zeros, so edge tiles need no other 
 thread of the block must call the function. ``transpose_b`` reads ``b`` stored as (G*H, K)
 (``h @ U.T``, tied weights).
 
+With ``bf16`` (``matmul[precision=bf16]``, :mod:`.bf16`) ``b`` holds bfloat16 bits (unsigned
+short): the function rounds each element of ``a`` to bfloat16 as it stores it in ``tile_a``
+and widens each weight to float32 as it reads it; the products (exact in float32) and the sums
+stay float32. ``tile_b`` stays float32; a persistent kernel's slice keeps the 16-bit bits, so
+twice the weights fit in its shared memory.
+
 The function takes its shared buffers and sizes as arguments and knows nothing of the epilogue,
 so a kernel that loops over the time steps itself (a persistent kernel) can call it once per
 step. :func:`choose_tile` picks the tile sizes from H, G, K and the element size.
@@ -100,26 +106,26 @@ def padded_depth(tile: Tile) -> int:
 
 
 def tile_function(name: str, tile: Tile, ctype: str, transpose_b: bool,
-                  b_shared: bool = False) -> str:
+                  b_shared: bool = False, bf16: bool = False) -> str:
     """The device function ``name`` computing one tile into ``acc`` (see the module doc).
 
     With ``b_shared`` the function reads ``b`` from the block's slice in shared memory,
     ``padded_depth`` x G*units laid out as ``tile_b`` is (zeros past K and H), loaded once by
     a persistent kernel; it then has no ``tile_b`` and ``a`` is no ``__restrict__`` pointer:
     other blocks of the same launch wrote it, so it must not be read through the read-only
-    cache."""
+    cache. With ``bf16``, ``b`` (and the shared slice) holds bfloat16 bits (module doc)."""
     t, G, TM, U, D = ctype, tile.G, tile.rows_per_thread, tile.units, tile.depth
     a_param = f"const {t}* a" if b_shared else f"const {t}* __restrict__ a"
+    b_type = "unsigned short" if bf16 else t
     buffers = f"{t}* __restrict__ tile_a" + ("" if b_shared else f", {t}* __restrict__ tile_b")
-    weight = f"b[(k0 + kk) * {G * U} + g * {U} + unit]" if b_shared else \
-        f"tile_b[kk * {G * U} + g * {U} + unit]"
+    a_value, weight = _reads(tile, b_shared, bf16)
     lines = [
         f"// One tile of P = a @ b{'^T' if transpose_b else ''}: rows [r0, r0 + {tile.rows}), "
         f"columns g*{tile.H} + [u0, u0 + {U}) of {G} gates,",
         f"// over K = {tile.K} in stages of {D}; acc[g][i] is row i of this thread's unit. "
         f"Every thread of the block calls it.",
         f"__device__ __forceinline__ void {name}(",
-        f"    {a_param}, const {t}* __restrict__ b, long long B, long long r0,",
+        f"    {a_param}, const {b_type}* __restrict__ b, long long B, long long r0,",
         f"    long long u0, {t} (&acc)[{G}][{TM}], {buffers}) {{",
         "    const int unit = threadIdx.x % " + str(U) + ";",
         f"    const int first = (threadIdx.x / {U}) * {TM};",
@@ -132,9 +138,10 @@ def tile_function(name: str, tile: Tile, ctype: str, transpose_b: bool,
         f"        for (int e = threadIdx.x; e < {tile.rows * D}; e += {tile.threads}) {{",
         f"            const long long r = r0 + e / {D};",
         f"            const int k = k0 + e % {D};",
-        f"            tile_a[e] = (r < B && k < {tile.K}) ? a[r * {tile.K} + k] : ({t})0;",
+        f"            tile_a[e] = (r < B && k < {tile.K}) ? {a_value} : ({t})0;",
         "        }",
-        *([] if b_shared else load_b_lines("tile_b", "k0", D, tile, t, transpose_b)),
+        *([] if b_shared else load_b_lines("tile_b", "k0", D, tile, t, transpose_b,
+                                           "rnnc_bf16_float" if bf16 else "")),
         "        __syncthreads();",
         "        #pragma unroll",
         f"        for (int kk = 0; kk < {D}; ++kk) {{",
@@ -156,17 +163,34 @@ def tile_function(name: str, tile: Tile, ctype: str, transpose_b: bool,
     return "\n".join(lines) + "\n"
 
 
-def load_b_lines(buffer: str, k0: str, depth: int, tile: Tile, ctype: str, transpose_b: bool
-                 ) -> list[str]:
+def _reads(tile: Tile, b_shared: bool, bf16: bool) -> tuple[str, str]:
+    """The C expressions of the tile function's element of ``a`` (at row r, column k) and
+    of ``b`` (at stage row kk, gate g, the thread's unit), rounded or widened for ``bf16``."""
+    GU, U = tile.G * tile.units, tile.units
+    weight = f"b[(k0 + kk) * {GU} + g * {U} + unit]" if b_shared else \
+        f"tile_b[kk * {GU} + g * {U} + unit]"
+    a_value = f"a[r * {tile.K} + k]"
+    if not bf16:
+        return a_value, weight
+    # tile_b holds float32 already; a slice in shared memory keeps the bits.
+    return f"rnnc_round_bf16({a_value})", \
+        f"rnnc_bf16_float({weight})" if b_shared else weight
+
+
+def load_b_lines(buffer: str, k0: str, depth: int, tile: Tile, ctype: str, transpose_b: bool,
+                 convert: str = "") -> list[str]:
     """A block's loop loading rows ``[k0, k0 + depth)`` of its columns of ``b`` into
-    ``buffer`` (depth x G*units, zeros past K and H)."""
+    ``buffer`` (depth x G*units of ``ctype``, zeros past K and H), each element through the
+    function ``convert`` where one is named."""
     G, U = tile.G, tile.units
+    value = f"b[{b_index(tile, transpose_b)}]"
+    if convert:
+        value = f"{convert}({value})"
     return [
         f"        for (int e = threadIdx.x; e < {depth * G * U}; e += {tile.threads}) {{",
         f"            const int k = {k0} + e / {G * U};",
         f"            const int g = (e % {G * U}) / {U};",
         f"            const long long u = u0 + e % {U};",
-        f"            {buffer}[e] = (k < {tile.K} && u < {tile.H}) ? "
-        f"b[{b_index(tile, transpose_b)}] : ({ctype})0;",
+        f"            {buffer}[e] = (k < {tile.K} && u < {tile.H}) ? {value} : ({ctype})0;",
         "        }",
     ]

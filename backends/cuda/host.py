@@ -18,7 +18,9 @@ columns and chunks of steps); fused nodes run alike in every graph. A fused step
 absorbs has no buffer. A host runs one path of a module: ``fused=False`` takes the
 loop body of ``Module.gemm_body`` (GEMM and kernel) where the module has both; a host given a
 ``persistent`` launch records the whole loop as one cooperative launch where the shape suits
-it (:mod:`.persistent`), else its steps as the fused path does.
+it (:mod:`.persistent`), else its steps as the fused path does. A bfloat16 fused step or
+persistent kernel reads its weight as bfloat16 bits: the plan converts each such loop constant
+once, before the loop (:meth:`Host.bf16_weights`, an ``Entry("pre", "convert")``).
 """
 
 from __future__ import annotations
@@ -159,10 +161,11 @@ class Host:
         return plan
 
     def run_graph(self, plan: Plan | Loop, at: Entry, graph: GraphSteps,
-                  env: Mapping[str, Any], dims: Mapping[str, int], destination: Destination
-                  ) -> dict[str, Any]:
+                  env: Mapping[str, Any], dims: Mapping[str, int], destination: Destination,
+                  weights: Mapping[int, Any] | None = None) -> dict[str, Any]:
         """Record one graph (``at``: where; the loop body into the plan's loop, once);
-        ``destination((node, index), shape)`` gives result arrays."""
+        ``destination((node, index), shape)`` gives result arrays; ``weights`` the bfloat16
+        bits of weights converted before the loop, by their slot."""
         vals: dict[int, Any] = {}
         work = self.work[at.where]
         absorbed = self.absorbed if at.where == "body" else frozenset()
@@ -177,15 +180,17 @@ class Host:
                 vals[step.slot] = self.constants[step.slot]
             elif step.slot not in absorbed:
                 vals[step.slot] = self.record_step(plan, at, work[step.slot], vals, destination,
-                                                   size_args)
+                                                   size_args, weights or {})
         return {name: vals[output.slot] for name, output in graph.outputs.items()}
 
     def record_step(self, plan: Plan | Loop, at: Entry, step: Work,
                     vals: Mapping[int, Any], destination: Destination,
-                    size_args: tuple[np.int64, np.int64]) -> Any:
+                    size_args: tuple[np.int64, np.int64],
+                    weights: Mapping[int, Any] | None = None) -> Any:
         """Record one kernel or GEMM; its result, or the tuple of a fused kernel's results."""
         if isinstance(step, FusedStep):
-            return self.record_fused(plan, at, step, vals, destination, size_args)
+            return self.record_fused(plan, at, step, vals, destination, size_args,
+                                     weights or {})
         if isinstance(step, Gemm):
             out = destination((step.node, 0), step.shape)
             self.record_gemm(plan, replace(at, kind="gemm"), vals[step.a], vals[step.b], out,
@@ -209,16 +214,37 @@ class Host:
 
     def record_fused(self, plan: Plan | Loop, at: Entry, step: FusedStep,
                      vals: Mapping[int, Any], destination: Destination,
-                     size_args: tuple[np.int64, np.int64]) -> tuple[Any, ...]:
-        """Record a fused step: one block per tile of rows and units; its results."""
+                     size_args: tuple[np.int64, np.int64], weights: Mapping[int, Any]
+                     ) -> tuple[Any, ...]:
+        """Record a fused step: one block per tile of rows and units; its results. A bfloat16
+        step reads its weight's bits from ``weights``."""
         outs = tuple(destination((step.node, k), shape) for k, shape in enumerate(step.shapes))
         batch = int(size_args[1])
         if batch:
-            args = tuple(vals[i] for i in step.inputs) + (vals[step.a], vals[step.b]) + outs + \
-                size_args
+            b = weights[step.b] if step.bf16 else vals[step.b]
+            args = tuple(vals[i] for i in step.inputs) + (vals[step.a], b) + outs + size_args
             plan.record(replace(at, kind="kernel"), self.kernels[step.kernel],
                         (step.tile.blocks(batch),), (step.tile.threads,), args)
         return outs
+
+    def weight_bits(self, plan: Plan | Loop, at: Entry, weight: Any) -> Any:
+        """A new uint16 array that ``plan`` fills with the bfloat16 bits of ``weight`` (a call
+        recorded at ``at``, kind "convert")."""
+        bits = self.xp.empty(tuple(weight.shape), np.uint16)
+        plan.record(replace(at, kind="convert"), bf16.to_bits_for(self.xp), weight, bits)
+        return bits
+
+    def bf16_weights(self, plan: Plan, env: Mapping[str, Any]) -> dict[int, Any]:
+        """The bfloat16 bits of each loop constant that a bfloat16 fused step reads as its
+        weight, by the weight's body slot, converted once before the loop."""
+        steps = {s.slot: s for s in self.schedule.body.steps}
+        bits: dict[int, Any] = {}
+        for work in self.work["body"].values():
+            if not (isinstance(work, FusedStep) and work.bf16) or work.b in bits:
+                continue
+            # A loop constant (.fused_step.fused_pairs): the same array at every step.
+            bits[work.b] = self.weight_bits(plan, Entry("pre", ""), env[steps[work.b].name])
+        return bits
 
     def record_gemm(self, plan: Plan | Loop, at: Entry, a: Any, b: Any, out: Any,
                     transpose_a: bool, transpose_b: bool, precision: str | None = None) -> None:
@@ -245,9 +271,11 @@ class Host:
         return out
 
     def record_loop(self, loop: Loop, env: Mapping[str, Any], dims: Mapping[str, int],
-                    buffers: Buffers, out: Mapping[str, Any]) -> dict[str, Any]:
+                    buffers: Buffers, out: Mapping[str, Any], weights: Mapping[int, Any]
+                    ) -> dict[str, Any]:
         """Record one step of the time loop into ``loop``, every array that changes from step
-        to step a :class:`~.plan.PerStep` of the step index; the final carries."""
+        to step a :class:`~.plan.PerStep` of the step index; the final carries. ``weights``:
+        :meth:`bf16_weights`."""
         xp, scan, scan_plan = self.xp, self.schedule.scan, self.scan_plan
         T = loop.steps
         pairs = {key: buffers.pair(shape, dims) for key, shape in scan_plan.pairs.items()}
@@ -271,7 +299,8 @@ class Host:
         local.update({name: slot(env[name]) for name in scan.seqs})
         local.update(previous)
         at = Entry("body", "")
-        results = self.run_graph(loop, at, self.schedule.body, local, dims, destination)
+        results = self.run_graph(loop, at, self.schedule.body, local, dims, destination,
+                                 weights)
         for name in scan_plan.copy_stacked:
             # Where the previous step wrote it already, or the copy after the loop does,
             # only the first step copies.
@@ -299,12 +328,14 @@ class Host:
         launch = self.persistent
         if launch is not None and record_persistent(
                 launch.kernel, launch.function, launch.resident, plan, self.schedule, env, dims,
-                buffers.empty, out, self.constants):
+                buffers.empty, out, self.constants,
+                lambda weight: self.weight_bits(plan, Entry("pre", ""), weight)):
             return out
         T = dims["T"]
         carry: dict[str, Any] = {c.name: env[c.init] for c in scan.carries}
         if T:
-            carry = self.record_loop(plan.record_loop(T), env, dims, buffers, out)
+            weights = self.bf16_weights(plan, env)
+            carry = self.record_loop(plan.record_loop(T), env, dims, buffers, out, weights)
         for name, value in scan_plan.behind.items():
             if T > 1:
                 dst, src = (out[name][:-1], out[value][1:]) if scan.reverse else \

@@ -20,7 +20,10 @@ block's slice of ``U`` with one stage of ``a`` fits in static shared memory
 (:data:`.fused_tile.SHARED_BYTES`, 48 KiB): the units per block shrink (32, 16, ... 1) until
 ``K * G * units`` values fit. So LSTM, GRU, peephole LSTM and Elman inference and training
 forward qualify (an f32 LSTM's H = 256 with 8 units per block, up to about H = 2900 with one);
-MGU does not (two dependent products per step).
+MGU does not (two dependent products per step). A bfloat16 product (:mod:`.bf16`) keeps its
+slice of ``U`` as 16-bit bfloat16 bits, which the host converts once before the launch, so
+twice the units fit; each loaded element of ``h`` is rounded to bfloat16 and the sums are
+float32, as in the fused step.
 
 Where the results live (host side, :func:`record_persistent`): a result stacked as an output,
 or whose previous value is stacked, is written at its step's slot of a (T, B, w) array (the
@@ -43,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from rnnc import ops
-from rnnc.backends.cuda import cooperative
+from rnnc.backends.cuda import bf16, cooperative
 from rnnc.backends.cuda.fused_step import ITEMSIZE, FusedStep, epilogue_lines
 from rnnc.backends.cuda.fused_tile import (
     DEPTHS,
@@ -89,6 +92,8 @@ class PersistentKernel:
     shapes: tuple[Shape, ...]  # one (B, w) per region result
     stacked: tuple[bool, ...]  # per result: a (T, B, w) history, else two alternating buffers
     reverse: bool
+    bf16: bool = False  # the weight operand is bfloat16 bits, converted before the launch
+    weight: int | None = None  # with bf16: the weight's slot
 
 
 @dataclass(frozen=True)
@@ -101,16 +106,20 @@ class PersistentLaunch:
     resident: int
 
 
-def persistent_tile(H: int, G: int, K: int, itemsize: int) -> Tile | None:
+def persistent_tile(H: int, G: int, K: int, itemsize: int, weight_itemsize: int | None = None
+                    ) -> Tile | None:
     """The tile of a persistent kernel: the most units per block (a power of two, at most
-    :data:`MAX_UNITS`) whose slice of ``U`` and one stage of ``a`` fit in static shared
-    memory; None when not even one unit's does."""
+    :data:`MAX_UNITS`) whose slice of ``U`` (``weight_itemsize`` bytes a value, by default
+    ``itemsize``) and one stage of ``a`` fit in static shared memory; None when not even one
+    unit's does."""
+    weight_itemsize = weight_itemsize or itemsize
     units = min(MAX_UNITS, 1 << max(H - 1, 0).bit_length())
     rows_per_thread = 4 if G <= 8 else 2 if G <= 16 else 1
     depth = next(d for d in DEPTHS if d <= max(1, 1 << max(K - 1, 0).bit_length()))
     while units >= 1:
         tile = Tile(H, G, K, units, rows_per_thread, depth)
-        if (tile.rows * depth + padded_depth(tile) * G * units) * itemsize <= SHARED_BYTES:
+        if tile.rows * depth * itemsize + padded_depth(tile) * G * units * weight_itemsize \
+                <= SHARED_BYTES:
             return tile
         units //= 2
     return None
@@ -182,19 +191,22 @@ def persistent_kernel(schedule: ProgramSteps, body: list, renderer: CudaRenderer
     matmul = next(s for s in schedule.body.steps if s.slot == fused.product)
     found = _analyse(schedule, fused)
     tile = persistent_tile(fused.tile.H, fused.tile.G, fused.tile.K,
-                           ITEMSIZE[schedule.dtype])
-    if found is None or tile is None:
-        return None
+                           ITEMSIZE[schedule.dtype], 2 if fused.bf16 else None)
+    if found is None or tile is None or (fused.bf16 and fused.b in fused.inputs):
+        return None  # (a bf16 weight the region reads too would need it in float32 as well)
     operands, stacked = found
     text = _kernel_text(name, region_step, matmul, operands, stacked, tile, renderer,
-                        schedule.scan.reverse)
-    source = cooperative.CUDA_PRELUDE + renderer.prelude() + text
+                        schedule.scan.reverse, fused.bf16)
+    source = cooperative.CUDA_PRELUDE + renderer.prelude() + \
+        (bf16.DEVICE_HELPERS if fused.bf16 else "") + text
     return PersistentKernel(name, source, text, fused.node, tile, operands, fused.shapes, stacked,
-                            schedule.scan.reverse)
+                            schedule.scan.reverse, fused.bf16,
+                            fused.b if fused.bf16 else None)
 
 
 def _pointer_lines(region_step: Step, matmul: Step, operands: tuple[Operand, ...],
-                   stacked: tuple[bool, ...], shapes: list[Shape], t: str) -> list[str]:
+                   stacked: tuple[bool, ...], shapes: list[Shape], t: str,
+                   weight: int | None = None) -> list[str]:
     """This step's pointers: ``in<i>`` per region argument, ``out<k>`` per result, ``gemm_a``."""
     def slot_of(k: int, step: str, time: str) -> str:
         return time if stacked[k] else f"(({step}) & 1)"
@@ -202,6 +214,8 @@ def _pointer_lines(region_step: Step, matmul: Step, operands: tuple[Operand, ...
     pointer: dict[int, str] = {}
     lines = []
     for n, o in enumerate(operands):
+        if o.slot == weight:
+            continue  # read by the tile function alone, through ``b``
         if o.kind == "seq":
             value = f"src{n} + t * ({o.per_step})"
         elif o.kind == "carry":
@@ -224,14 +238,16 @@ def _pointer_lines(region_step: Step, matmul: Step, operands: tuple[Operand, ...
 
 def _kernel_text(name: str, region_step: Step, matmul: Step, operands: tuple[Operand, ...],
                  stacked: tuple[bool, ...], tile: Tile, renderer: CudaRenderer,
-                 reverse: bool) -> str:
-    """The tile function and the persistent kernel ``name``."""
+                 reverse: bool, bf16: bool = False) -> str:
+    """The tile function and the persistent kernel ``name``; with ``bf16`` its weight and
+    slice hold bfloat16 bits."""
     t, region = renderer.ctype, region_step.attrs["region"]
     transpose_b = bool(matmul.attrs.get("transpose_b"))
     argument = list(region.args())[region_step.inputs.index(matmul.slot)]
     shapes = [tuple(region.node(o).shape) for o in region.outputs.values()]
     weight = next(n for n, o in enumerate(operands) if o.slot == matmul.inputs[1])
-    params = [f"const {t}* src{n}" for n in range(len(operands))]
+    w = "unsigned short" if bf16 else t  # the weight's and the slice's element type
+    params = [f"const {w if n == weight else t}* src{n}" for n in range(len(operands))]
     params += [f"{t}* res{k}" for k in range(len(shapes))] + ["long long T", "long long B"]
     slice_size = padded_depth(tile) * tile.G * tile.units
     epilogue = ["        " + line for line in epilogue_lines(region, renderer, argument, tile)]
@@ -241,11 +257,11 @@ def _kernel_text(name: str, region_step: Step, matmul: Step, operands: tuple[Ope
         f"; blocks of {tile.units} units keep their slice of U in shared memory",
         f'extern "C" __global__ void __launch_bounds__({tile.threads}) {name}(',
         ",\n".join("    " + p for p in params) + ") {",
-        f"    __shared__ {t} slice[{slice_size}];",
+        f"    __shared__ {w} slice[{slice_size}];",
         f"    __shared__ {t} tile_a[{tile.rows * tile.depth}];",
-        f"    const {t}* b = src{weight};",
+        f"    const {w}* b = src{weight};",
         f"    const long long u0 = (long long)(blockIdx.x % {tile.unit_blocks}) * {tile.units};",
-        *(line[4:] for line in load_b_lines("slice", "0", padded_depth(tile), tile, t,
+        *(line[4:] for line in load_b_lines("slice", "0", padded_depth(tile), tile, w,
                                             transpose_b)),
         "    __syncthreads();",
         f"    const long long row_blocks = (B + {tile.rows - 1}) / {tile.rows};",
@@ -254,7 +270,8 @@ def _kernel_text(name: str, region_step: Step, matmul: Step, operands: tuple[Ope
         f"        const long long t = {'T - 1 - step' if reverse else 'step'};",
         f"        const long long previous = {'t + 1' if reverse else 't - 1'};",
         "        (void)previous;",
-        *_pointer_lines(region_step, matmul, operands, stacked, shapes, t),
+        *_pointer_lines(region_step, matmul, operands, stacked, shapes, t,
+                        matmul.inputs[1] if bf16 else None),
         f"        for (long long rb = blockIdx.x / {tile.unit_blocks}; rb < row_blocks; "
         "rb += row_groups) {",
         f"            const long long r0 = rb * {tile.rows};",
@@ -266,7 +283,7 @@ def _kernel_text(name: str, region_step: Step, matmul: Step, operands: tuple[Ope
         "    }",
         "}",
     ]
-    return tile_function(f"{name}_tile", tile, t, transpose_b, b_shared=True) + \
+    return tile_function(f"{name}_tile", tile, t, transpose_b, b_shared=True, bf16=bf16) + \
         "\n".join(lines) + "\n"
 
 
@@ -288,11 +305,14 @@ def resident_blocks(cupy: Any, kernel: Any, threads: int) -> int:
 def record_persistent(kernel: PersistentKernel, function: Any, resident: int, plan: Plan,
                       schedule: ProgramSteps, env: Mapping[str, Any],
                       dims: Mapping[str, int], empty: Callable[[tuple[int, ...]], Any],
-                      out: dict[str, Any], constants: Mapping[int, Any]) -> bool:
+                      out: dict[str, Any], constants: Mapping[int, Any],
+                      weight_bits: Callable[[Any], Any] | None = None) -> bool:
     """Record the whole loop as one cooperative launch of ``function`` (the loaded kernel)
     and the copies of saved previous values after it, filling ``out`` (stacked outputs,
     already allocated, and final carries); False, recording nothing, where the shape does
-    not suit it (T or B is 0, or not one row group of blocks is resident at once)."""
+    not suit it (T or B is 0, or not one row group of blocks is resident at once). A bfloat16
+    kernel's weight is ``weight_bits(weight)``: its bits, converted by a call that records
+    before the launch."""
     T, B, tile = dims["T"], dims["B"], kernel.tile
     row_groups = min(-(-B // tile.rows), resident // tile.unit_blocks)
     if T == 0 or B == 0 or row_groups < 1:
@@ -311,6 +331,8 @@ def record_persistent(kernel: PersistentKernel, function: Any, resident: int, pl
     for operand in kernel.operands:
         if operand.kind == "carry":
             pointers.append(initial[operand.name])
+        elif operand.name and operand.slot == kernel.weight and weight_bits:
+            pointers.append(weight_bits(env[operand.name]))
         elif operand.name:
             pointers.append(env[operand.name])
         else:

@@ -16,8 +16,9 @@ building it costs the same at any T. :meth:`Plan.run` is one loop over the list:
 walk, no dict, no allocation of arrays, and on a GPU it is exactly what a CUDA graph captures.
 
 Every call has an :class:`Entry` saying where it runs (``pre``, ``body``, ``post``) and what
-it is (``kernel``, ``gemm``, ``copy``, ``add``, ``fill``), so tests and ``rnnc`` users can count
-the work of a step (:meth:`Plan.per_step`) or of a whole graph (:meth:`Plan.count`).
+it is (``kernel``, ``gemm``, ``copy``, ``add``, ``fill``, ``convert``: a weight to bfloat16
+bits), so tests and ``rnnc`` users can count the work of a step (:meth:`Plan.per_step`) or
+of a whole graph (:meth:`Plan.count`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class Entry:
     """What one recorded call is: its graph and kind."""
 
     where: str  # "pre", "body" or "post"
-    kind: str  # "kernel", "gemm", "copy", "add", "fill", "persistent" or "loop"
+    kind: str  # "kernel", "gemm", "copy", "add", "fill", "convert", "persistent" or "loop"
 
 
 class PerStep:

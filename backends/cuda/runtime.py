@@ -30,8 +30,8 @@ call of each shape and keeps the fastest (:mod:`.autotune`, docs/backends.md);
 ``Runner.launch_report()`` says, per shape, which path runs and how it was chosen.
 ``"persistent"`` runs the whole time loop as one cooperative launch (:mod:`.persistent`) where
 the body and the shape allow it, else the fused steps. The fused kernel computes the product in
-full float32, so TF32 (:mod:`.precision`) and bfloat16 GEMMs (:mod:`.bf16`) and backward
-programs keep the GEMM path. Where a module has barrier kernels, emulation loads it through
+full float32, so TF32 (:mod:`.precision`) and backward programs keep the GEMM path; bfloat16
+products take every path, the fused kernels reading bfloat16 weights (:mod:`.bf16`). Where a module has barrier kernels, emulation loads it through
 :mod:`.mixed`.
 
 ``schedule=`` takes a :class:`~rnnc.backends.schedule.CudaSchedule`, every decision of how to
@@ -142,8 +142,8 @@ class CudaBackend:
         TF32 in float32 (the fused kernel computes in full float32) and for a backward program
         (.fused_step). "auto" is resolved per shape on a GPU (:mod:`.autotune`)."""
         base = self.base_schedule
-        if gemm_precision(program) == "bf16":  # bfloat16 GEMMs keep the GEMM path (.bf16)
-            return dataclasses.replace(base, precision="bf16", fused_step="never")
+        if gemm_precision(program) == "bf16":  # bfloat16 GEMMs; the fused kernels read them
+            base = dataclasses.replace(base, precision="bf16")
         tf32 = base.precision == "tf32" and program.dtype == "f32"
         return dataclasses.replace(base, fused_step="never") \
             if tf32 or is_backward(mode) else base

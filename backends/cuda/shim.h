@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <math.h>  // after <cmath>: puts the float overloads (tanh(float), ...) in ::
 
 #define __global__
@@ -75,6 +76,18 @@ static inline float min(float a, float b) { return fminf(a, b); }
 static inline float max(float a, float b) { return fmaxf(a, b); }
 static inline double min(double a, double b) { return fmin(a, b); }
 static inline double max(double a, double b) { return fmax(a, b); }
+
+// Reinterpret a float's bits and back (the bfloat16 helpers of bf16.py use only these).
+static inline unsigned int __float_as_uint(float x) {
+    unsigned int bits;
+    memcpy(&bits, &x, sizeof bits);
+    return bits;
+}
+static inline float __uint_as_float(unsigned int bits) {
+    float x;
+    memcpy(&x, &bits, sizeof x);
+    return x;
+}
 
 // A read-only cached load on the GPU; an ordinary load here.
 template <typename T>
