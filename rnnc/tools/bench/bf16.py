@@ -96,5 +96,5 @@ def bench_bf16(config: Config, cell: str, mode: str, peers: list[str],
         fn, labels["jax-bf16"] = jax_bf16_call(spec, config, grid, mode)
         xj = jnp.asarray(x)
         calls["jax-bf16"] = lambda fn=fn: fn(xj)
-    timings, firsts = timed(calls, args.reps, args.warmup)
+    timings, firsts = timed(calls, args.reps, args.warmup, getattr(args, "clock", "wall"))
     return rows_of(config, cell, mode, timings, firsts, labels, "bf16")
