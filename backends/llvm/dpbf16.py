@@ -13,12 +13,6 @@ and, per row, broadcasts the row's pair of bf16 values as one 32-bit word.
 The loops are blocked for the caches: groups of :data:`GROUP` panels (the packed weights a
 group reads stay in L2), and within a group, blocks of :data:`ROW_BLOCK` rows of ``abuf``
 (in L2 too) multiplied by each panel of the group in turn (one panel stays in L1).
-
-A product of fewer than :data:`FEW_ROWS` rows (the per-step product at batch 1 or 2: a GEMV,
-bound by reading the weights) takes several panels per tile instead (:data:`NATIVE_WIDE`
-or :data:`EMULATED_WIDE`): with one panel, its one or two rows would give two accumulators,
-and each pair of K rows would wait for the previous ``vdpbf16ps`` to finish; with four, eight
-independent chains keep the core reading weights. The sums are the same, in the same order.
 """
 
 from __future__ import annotations
@@ -34,9 +28,6 @@ NATIVE_ROWS = 8  # 16 accumulators + 2 panel vectors + broadcasts fit in 32 zmm
 EMULATED_ROWS = 6  # 12 accumulators + 4 widened panel vectors + broadcasts
 ROW_BLOCK = 64
 GROUP = 8
-FEW_ROWS = 3  # fewer rows than this: panels side by side in a tile
-NATIVE_WIDE = 4  # panels per tile for few rows: 8 or 16 accumulators
-EMULATED_WIDE = 2  # the emulation widens each panel into 4 vectors: fewer fit
 
 
 def _c(v: int) -> ir.Constant:
@@ -83,26 +74,6 @@ class _Builder:
 
     def body(self, first: ir.Value, stop: ir.Value) -> None:
         b = self.b
-        few = b.icmp_signed("<", self.rows, _c(FEW_ROWS))
-        with b.if_else(few) as (narrow, tall):
-            with narrow:
-                for height in range(1, FEW_ROWS):
-                    with b.if_then(b.icmp_signed("==", self.rows, _c(height))):
-                        self.side_by_side(first, stop, height)
-            with tall:
-                self.blocked(first, stop)
-
-    def side_by_side(self, first: ir.Value, stop: ir.Value, height: int) -> None:
-        """All ``height`` rows times panels ``first .. stop``, ``wide`` panels per tile."""
-        b = self.b
-        wide = NATIVE_WIDE if self.native else EMULATED_WIDE
-        whole = b.add(first, b.mul(b.sdiv(b.sub(stop, first), _c(wide)), _c(wide)))
-        emit_loop(b, first, whole, wide, lambda p: self.tile(p, _c(0), height, wide))
-        emit_loop(b, whole, stop, 1, lambda p: self.tile(p, _c(0), height))
-
-    def blocked(self, first: ir.Value, stop: ir.Value) -> None:
-        """The cache-blocked loops over groups of panels and blocks of rows."""
-        b = self.b
 
         def group(g: ir.Value) -> None:
             start = b.add(first, b.mul(g, _c(GROUP)))
@@ -126,25 +97,21 @@ class _Builder:
             with b.if_then(b.icmp_signed("==", left, _c(height))):
                 self.tile(p, end, height)
 
-    def tile(self, p: ir.Value, r0: ir.Value, height: int, width: int = 1) -> None:
-        """Rows ``r0 .. r0 + height`` times panels ``p .. p + width``, the results kept in
-        ``height * width * 2`` vector accumulators over the whole K loop."""
+    def tile(self, p: ir.Value, r0: ir.Value, height: int) -> None:
         b, vec = self.b, self.vec
-        halves = 2 * width  # vectors of 16 columns: two per panel
-        accs = [[self.entry.alloca(vec) for _ in range(halves)] for _ in range(height)]
-        for row_accs in accs:
-            for acc in row_accs:
+        accs = [[self.entry.alloca(vec) for _ in range(2)] for _ in range(height)]
+        for pair in accs:
+            for acc in pair:
                 b.store(ir.Constant(vec, [0.0] * LANES), acc)
         row_pairs = [b.bitcast(b.gep(self.abuf, [b.mul(b.add(r0, _c(i)), _c(self.kp))]),
                                I32.as_pointer()) for i in range(height)]
-        panels = [b.gep(self.packed, [b.mul(b.add(p, _c(j)), _c(self.kp * PANEL))])
-                  for j in range(width)]
+        panel = b.gep(self.packed, [b.mul(p, _c(self.kp * PANEL))])
         wide, bits = ir.VectorType(BF16, 2 * LANES), ir.VectorType(I16, 2 * LANES)
 
         def pair(q: ir.Value) -> None:
-            rows = [b.gep(panel, [b.mul(q, _c(2 * PANEL))]) for panel in panels]
-            ws = [b.load(b.bitcast(b.gep(rows[h // 2], [_c(2 * LANES * (h % 2))]),
-                                   bits.as_pointer()), align=2) for h in range(halves)]
+            row = b.gep(panel, [b.mul(q, _c(2 * PANEL))])
+            ws = [b.load(b.bitcast(b.gep(row, [_c(2 * LANES * h)]), bits.as_pointer()), align=2)
+                  for h in range(2)]
             if self.native:
                 ws = [b.bitcast(w, wide) for w in ws]
             else:
@@ -154,12 +121,12 @@ class _Builder:
                 word = b.load(b.gep(row_pairs[i], [q]), align=4)
                 if self.native:
                     both = b.bitcast(_splat(b, word, ir.VectorType(I32, LANES)), wide)
-                    for h in range(halves):
+                    for h in range(2):
                         b.store(b.call(self.dot, [b.load(accs[i][h]), both, ws[h]]), accs[i][h])
                     continue
-                pair_bits = b.bitcast(word, ir.VectorType(I16, 2))
-                scalars = [from_bf16(b, b.extract_element(pair_bits, _c(j))) for j in range(2)]
-                for h in range(halves):
+                halves = b.bitcast(word, ir.VectorType(I16, 2))
+                scalars = [from_bf16(b, b.extract_element(halves, _c(j))) for j in range(2)]
+                for h in range(2):
                     acc = b.load(accs[i][h])
                     for j in range(2):  # the even K row first: the order of a float32 GEMM
                         acc = b.call(self.fma, [_splat(b, scalars[j], vec), ws[h][j], acc])
@@ -169,7 +136,7 @@ class _Builder:
         for i in range(height):
             base = b.gep(self.out, [b.add(b.mul(b.add(r0, _c(i)), _c(self.n)),
                                           b.mul(p, _c(PANEL)))])
-            for h in range(halves):
+            for h in range(2):
                 self.store(b.load(accs[i][h]), b.gep(base, [_c(LANES * h)]),
                            b.add(b.mul(p, _c(PANEL)), _c(LANES * h)))
 

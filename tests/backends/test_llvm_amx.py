@@ -86,10 +86,9 @@ def test_kernel_splits_columns_between_threads(tier) -> None:
 
 
 @pytest.mark.parametrize("tier", ["avx512bf16", "emulate"])
-def test_few_rows_take_panels_side_by_side(tier) -> None:
-    # One and two rows (a GEMV per step at batch 1 or 2) run several panels per tile; 10
-    # panels, the last partial: whole groups and single panels, and on two threads a share
-    # (panels 5 .. 10) that starts inside a group.
+def test_few_rows_and_column_shares(tier) -> None:
+    # One to three rows (the per-step GEMV at batch 1-3: tiles shorter than the kernel's),
+    # 10 panels, the last partial, on one thread and split 5/5 between two.
     runnable(tier)
     rng = np.random.default_rng(5)
     w = rng.standard_normal((45, 315)).astype(np.float32)
