@@ -94,7 +94,8 @@ def _settle(call: Callable[[], Any], least: int, most: int = 30,
 
 def timed(calls: dict[str, Callable[[], Any]], reps: int, warmup: int, clock: str = "wall"
           ) -> tuple[dict[str, Timing], dict[str, Any]]:
-    """Time each call ``reps`` times in a block, right after its ``warmup`` untimed calls.
+    """Time each call ``reps`` times in a block, right after its ``warmup`` untimed calls, on
+    ``clock`` (a key of :data:`CLOCKS`).
 
     Blocks, not round-robin: OpenMP (PyTorch) and OpenBLAS threads spin for a while after
     their work, and alternating libraries call by call makes each pay for the other's
