@@ -31,8 +31,8 @@ call of each shape and keeps the fastest (:mod:`.autotune`, docs/backends.md);
 ``"persistent"`` runs the whole time loop as one cooperative launch (:mod:`.persistent`) where
 the body and the shape allow it, else the fused steps. The fused kernel computes the product in
 full float32, so TF32 (:mod:`.precision`) and backward programs keep the GEMM path; bfloat16
-products take every path, the fused kernels reading bfloat16 weights (:mod:`.bf16`). Where a module has barrier kernels, emulation loads it through
-:mod:`.mixed`.
+products take every path, the fused kernels reading bfloat16 weights (:mod:`.bf16`). Where a
+module has barrier kernels, emulation loads it through :mod:`.mixed`.
 
 ``schedule=`` takes a :class:`~rnnc.backends.schedule.CudaSchedule`, every decision of how to
 run (``precision=`` and ``fused_step=`` fill its None fields); :meth:`CudaBackend.schedule`.

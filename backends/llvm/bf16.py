@@ -231,30 +231,35 @@ def convert_function(module: ir.Module, k: int) -> ir.Function:
     return fn
 
 
-def pack_function(module: ir.Module, k: int, n: int) -> ir.Function:
+def pack_function(module: ir.Module, k: int, n: int, transposed: bool = False) -> ir.Function:
     """``rnnc.bf16.pack.KxN(float* w, i16* packed, float** marker, i64 first, i64 stop)``:
     panels ``first .. stop`` of ``w`` (K x N) packed into the VNNI pair layout, unless
-    ``*marker`` is ``w`` already; ``*marker = w`` after."""
+    ``*marker`` is ``w`` already; ``*marker = w`` after.
+
+    ``transposed`` (``rnnc.bf16.pack.KxN.t``): ``w`` is stored N x K and the matrix packed is
+    its transpose, the weights of a gradient product ``g @ W^T``: a pair of K rows is then
+    two adjacent floats of one stored row."""
     fptr = F32.as_pointer()
-    fn, new = _function(module, f"rnnc.bf16.pack.{k}x{n}",
+    fn, new = _function(module, f"rnnc.bf16.pack.{k}x{n}" + (".t" if transposed else ""),
                         [fptr, BF16P, fptr.as_pointer(), I64, I64])
     if not new:
         return fn
     w, packed, marker, first, stop = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     kp = padded_k(k)
+    pair_inside = _pack_pair_transposed if transposed else _pack_pair
     with b.if_then(b.icmp_unsigned("!=", b.load(marker), w)):
         def panel(p: ir.Value) -> None:
             whole = b.icmp_signed("<=", b.mul(b.add(p, _c(1)), _c(PANEL)), _c(n))
             with b.if_else(whole) as (inside, edge):
                 with inside:
-                    end = emit_loop(b, _c(0), _c(k // 2), 1, lambda q: _pack_pair(b, w, packed,
-                                                                                   p, q, k, n))
-                    emit_loop(b, end, _c(kp // 2), 1, lambda q: _pack_edge(b, w, packed, p, q,
-                                                                           k, n))
+                    end = emit_loop(b, _c(0), _c(k // 2), 1,
+                                    lambda q: pair_inside(b, w, packed, p, q, k, n))
+                    emit_loop(b, end, _c(kp // 2), 1,
+                              lambda q: _pack_edge(b, w, packed, p, q, k, n, transposed))
                 with edge:
-                    emit_loop(b, _c(0), _c(kp // 2), 1, lambda q: _pack_edge(b, w, packed, p, q,
-                                                                             k, n))
+                    emit_loop(b, _c(0), _c(kp // 2), 1,
+                              lambda q: _pack_edge(b, w, packed, p, q, k, n, transposed))
 
         emit_loop(b, first, stop, 1, panel)
         b.store(w, marker)
@@ -281,8 +286,21 @@ def _pack_pair(b: ir.IRBuilder, w: ir.Value, packed: ir.Value, p: ir.Value, q: i
     b.store(pairs, out, align=2)
 
 
+def _pack_pair_transposed(b: ir.IRBuilder, w: ir.Value, packed: ir.Value, p: ir.Value,
+                          q: ir.Value, k: int, n: int) -> None:
+    """Pair row ``q`` of a panel inside ``w^T`` (``w`` stored N x K): per column, the pair is
+    two adjacent floats of ``w``'s row, loaded, rounded and stored as one 32-bit word."""
+    two_f, two_b = ir.VectorType(F32, 2), ir.VectorType(I16, 2)
+    row = _pair_row(b, packed, p, q, k)
+    for c in range(PANEL):
+        col = b.add(b.mul(p, _c(PANEL)), _c(c))
+        src = b.gep(w, [b.add(b.mul(col, _c(k)), b.mul(q, _c(2)))])
+        pair = to_bf16(b, b.load(b.bitcast(src, two_f.as_pointer()), align=4))
+        b.store(pair, b.bitcast(b.gep(row, [_c(2 * c)]), two_b.as_pointer()), align=2)
+
+
 def _pack_edge(b: ir.IRBuilder, w: ir.Value, packed: ir.Value, p: ir.Value, q: ir.Value,
-               k: int, n: int) -> None:
+               k: int, n: int, transposed: bool = False) -> None:
     """Pair row ``q`` of a panel that reaches past ``w``'s last row or column: element by
     element, zero outside ``w``."""
     row = _pair_row(b, packed, p, q, k)
@@ -292,7 +310,8 @@ def _pack_edge(b: ir.IRBuilder, w: ir.Value, packed: ir.Value, p: ir.Value, q: i
             kk = b.add(b.mul(q, _c(2)), _c(j))
             inside = b.and_(b.icmp_signed("<", kk, _c(k)), b.icmp_signed("<", col, _c(n)))
             # Out of w, the index is clamped to 0 so that the load stays inside.
-            index = b.select(inside, b.add(b.mul(kk, _c(n)), col), _c(0))
+            at = b.add(b.mul(col, _c(k)), kk) if transposed else b.add(b.mul(kk, _c(n)), col)
+            index = b.select(inside, at, _c(0))
             value = b.select(inside, b.load(b.gep(w, [index])), ir.Constant(F32, 0))
             b.store(to_bf16(b, value), b.gep(row, [_c(2 * c + j)]))
 

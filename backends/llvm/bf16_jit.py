@@ -24,15 +24,18 @@ _FPTR = ir.FloatType().as_pointer()
 
 class Bf16Gemm:
     """``out = bf16(a) @ bf16(w)`` with float32 accumulation on the kernels of ``tier``, for
-    ``w`` of shape ``(k, n)``."""
+    ``w`` of shape ``(k, n)``; ``transposed``: ``out = bf16(a) @ bf16(w)^T`` for ``w`` of
+    shape ``(n, k)`` (the packing of a gradient product ``g @ W^T``)."""
 
-    def __init__(self, tier: bf16.Tier, k: int, n: int, load: bool = True) -> None:
+    def __init__(self, tier: bf16.Tier, k: int, n: int, load: bool = True,
+                 transposed: bool = False) -> None:
         if tier not in bf16.TIERS:
             raise RnncValueError(f"bf16 tier must be one of {bf16.TIERS}, got {tier!r}")
         self.tier, self.k, self.n = tier, k, n
+        self.w_shape = (n, k) if transposed else (k, n)
         module = ir.Module("rnnc_bf16")
         module.triple = llvm.get_process_triple()
-        kernels = [bf16.convert_function(module, k), bf16.pack_function(module, k, n),
+        kernels = [bf16.convert_function(module, k), bf16.pack_function(module, k, n, transposed),
                    bf16.gemm_function(module, tier, k, n)]
         for kernel in kernels:  # exported: each is called from Python
             kernel.linkage = "external"
@@ -66,10 +69,10 @@ class Bf16Gemm:
     def prepare(self, a: np.ndarray, w: np.ndarray) -> None:
         """Convert ``a`` into the bf16 rows and pack ``w`` (unless packed last)."""
         if a.dtype != np.float32 or w.dtype != np.float32 or a.ndim != 2 \
-                or a.shape[1] != self.k or w.shape != (self.k, self.n) \
+                or a.shape[1] != self.k or w.shape != self.w_shape \
                 or not (a.flags.c_contiguous and w.flags.c_contiguous):
             raise RnncValueError(f"Bf16Gemm takes C-contiguous float32 a (M, {self.k}) and w "
-                                 f"{(self.k, self.n)}, got a {a.dtype} {a.shape} and w "
+                                 f"{self.w_shape}, got a {a.dtype} {a.shape} and w "
                                  f"{w.dtype} {w.shape}")
         size = a.shape[0] * bf16.padded_k(self.k)
         if self.abuf.size < size:

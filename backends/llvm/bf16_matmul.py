@@ -1,16 +1,19 @@
 """Lowering of a matmul node with ``precision="bf16"``: operands rounded to bfloat16 (nearest
 even), products accumulated in float32, a float32 result.
 
-``out = a @ w`` with ``w`` a fixed K x N matrix (a weight, or anything without the call's
-``T`` and ``B``) in a float32 program runs on the kernels of :mod:`rnnc.backends.llvm.bf16`,
-the best tier of the host (AMX, then AVX512-BF16, then the emulation): ``a`` is converted
-into a workspace of bf16 rows at each call, ``w`` packed into the VNNI pair layout once per
-run (the marker rule of :mod:`rnnc.backends.llvm.bf16`). The hoisted sequence projection
-(``T * B`` rows) and the per-step recurrent product (``B`` rows) both take this path.
+``out = a @ w`` or ``out = a @ w^T`` with ``w`` a fixed matrix (a weight, or anything
+without the call's ``T`` and ``B``) in a float32 program runs on the kernels of
+:mod:`rnnc.backends.llvm.bf16`, the best tier of the host (AMX, then AVX512-BF16, then the
+emulation): ``a`` is converted into a workspace of bf16 rows at each call, ``w`` (or its
+transpose) packed into the VNNI pair layout once per run (the marker rule of
+:mod:`rnnc.backends.llvm.bf16`). The hoisted sequence projection (``T * B`` rows), the
+per-step recurrent product (``B`` rows) and, in the backward, the input gradients
+``g @ W^T`` (per step and hoisted) take this path.
 
-Every other bf16 product (a transposed operand: the gradient GEMMs; both operands per call;
-a float64 program) rounds its operands to bf16 in workspaces and runs the float32 lowering
-on the rounded values: the same rounding model, through the BLAS or the panel kernel.
+Every other bf16 product (a transposed first operand: the weight gradients ``x^T @ g``, whose
+operands both change at every call; a float64 program) rounds its operands to bf16 in
+workspaces and runs the float32 lowering on the rounded values: the same rounding model,
+through the BLAS or the panel kernel.
 """
 
 from __future__ import annotations
@@ -37,8 +40,16 @@ def is_bf16(node: Node) -> bool:
 def packs(ctx_dtype: str, node: Node, a: tuple, w: tuple) -> bool:
     """Whether the node runs on the packed bf16 kernels (else on rounded float32 copies)."""
     fixed = len(w) == 2 and all(isinstance(d, int) for d in w) and isinstance(a[-1], int)
-    return (ctx_dtype == "f32" and fixed and not node.attrs.get("transpose_a")
-            and not node.attrs.get("transpose_b"))
+    return ctx_dtype == "f32" and fixed and not node.attrs.get("transpose_a")
+
+
+def _weight_shape(node: Node, w: Buffer) -> tuple[int, int, bool]:
+    """``(K, N, transposed)`` of the matrix multiplied: ``w``, or ``w^T`` (``w`` N x K)."""
+    if node.attrs.get("transpose_b"):
+        n, k = w.shape
+        return k, n, True
+    k, n = w.shape
+    return k, n, False
 
 
 def emit_matmul(ctx: Context, node: Node, out: Buffer, a: Buffer, w: Buffer,
@@ -55,7 +66,7 @@ def emit_matmul(ctx: Context, node: Node, out: Buffer, a: Buffer, w: Buffer,
         float32(ctx, node, out, _rounded(ctx, a), _rounded(ctx, w))
         return
     tier = tier or bf16.host_tier()
-    k, n = w.shape
+    k, n, transposed = _weight_shape(node, w)
     abuf = ctx.slot(tuple(a.shape[:-1]) + (bf16.padded_k(k) // 2,))
     packed = ctx.slot((bf16.packed_words(k, n),))
     marker = _marker(ctx)
@@ -69,7 +80,8 @@ def emit_matmul(ctx: Context, node: Node, out: Buffer, a: Buffer, w: Buffer,
     def columns(first: ir.Value, stop: ir.Value) -> None:
         b = ctx.builder
         as_bf16 = [b.bitcast(buf.ptr, bf16.BF16P) for buf in (abuf, packed)]
-        b.call(bf16.pack_function(ctx.module, k, n), [w.ptr, as_bf16[1], marker, first, stop])
+        b.call(bf16.pack_function(ctx.module, k, n, transposed),
+               [w.ptr, as_bf16[1], marker, first, stop])
         b.call(bf16.gemm_function(ctx.module, tier, k, n),
                [ctx.numel(a.shape[:-1]), as_bf16[0], as_bf16[1], out.ptr, first, stop])
 
@@ -98,7 +110,7 @@ def emit_split(ctx: Context, node: Node, out: Buffer, operands: list[Buffer],
         emit_matmul(ctx, node, out, *operands, lambda *_: None, team=team)
         return True
     a, w = operands
-    k, n = w.shape
+    k, n, transposed = _weight_shape(node, w)
     tier = bf16.host_tier()
     abuf = ctx.slot(tuple(a.shape[:-1]) + (bf16.padded_k(k) // 2,))
     packed = ctx.slot((bf16.packed_words(k, n),))
@@ -115,7 +127,8 @@ def emit_split(ctx: Context, node: Node, out: Buffer, operands: list[Buffer],
         team.barrier()
         first, stop = team.share(ir.Constant(I64, bf16.panel_count(n)))
         as_bf16 = [b.bitcast(buf.ptr, bf16.BF16P) for buf in (abuf, packed)]
-        b.call(bf16.pack_function(ctx.module, k, n), [w.ptr, as_bf16[1], marker, first, stop])
+        b.call(bf16.pack_function(ctx.module, k, n, transposed),
+               [w.ptr, as_bf16[1], marker, first, stop])
         b.call(bf16.gemm_function(ctx.module, tier, k, n),
                [rows, as_bf16[0], as_bf16[1], out.ptr, first, stop])
 

@@ -87,6 +87,37 @@ def test_kernel_splits_columns_between_threads(tier) -> None:
 
 
 @pytest.mark.parametrize("tier", ["avx512bf16", "emulate"])
+def test_few_rows_and_column_shares(tier) -> None:
+    # One to three rows (the per-step GEMV at batch 1-3: tiles shorter than the kernel's),
+    # 10 panels, the last partial, on one thread and split 5/5 between two.
+    runnable(tier)
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((45, 315)).astype(np.float32)
+    for rows in (1, 2, 3):
+        a = rng.standard_normal((rows, 45)).astype(np.float32)
+        for threads in (1, 2):
+            assert_fp32_accumulation(product(tier, a, w, threads), a, w)
+
+
+@pytest.mark.parametrize("tier", ["avx512bf16", "emulate"])
+def test_transposed_weights_pack_as_their_transpose(tier) -> None:
+    # g @ W^T, the input gradient of a product: W stored (N, K) is packed as W^T, once per
+    # run like W; odd K (a pair half outside W) and a partial last panel.
+    runnable(tier)
+    rng = np.random.default_rng(6)
+    wt = rng.standard_normal((70, 45)).astype(np.float32)
+    gemm = Bf16Gemm(tier, 45, 70, transposed=True)
+    for rows in (1, 9):
+        a = rng.standard_normal((rows, 45)).astype(np.float32)
+        gemm.new_run()
+        out = gemm(a, wt)
+        assert_fp32_accumulation(out, a, np.ascontiguousarray(wt.T))
+        np.testing.assert_array_equal(out, product(tier, a, np.ascontiguousarray(wt.T)))
+    with pytest.raises(RnncValueError, match=r"\(70, 45\)"):
+        gemm(a, np.ascontiguousarray(wt.T))
+
+
+@pytest.mark.parametrize("tier", ["avx512bf16", "emulate"])
 def test_operands_round_to_nearest_even(tier) -> None:
     runnable(tier)
     ulp = 2.0 ** -7  # of bf16 at 1

@@ -109,13 +109,16 @@ def test_bench_bf16_rows_beside_the_fp32_ones(tmp_path) -> None:
 
     data = tmp_path / "bench.json"
     code = bench.main(["--size", "tiny", "--backend", "numpy", "--configs", "C3", "--cells",
-                       "lstm", "--modes", "inference", "--peers", "torch", "--precision",
+                       "lstm,ln_lstm", "--modes", "inference", "--peers", "torch", "--precision",
                        "bf16", "--reps", "1", "--warmup", "1", "--no-compile-time", "--json",
-                       str(data)])
+                       str(data), "--clock", "cpu"])
     assert code == 0
     rows = json.loads(data.read_text())["rows"]
-    assert [(r["peer"], r["precision"]) for r in rows] == [
-        ("torch", "fp32"), ("torch-bf16", "bf16"), ("torch-autocast", "bf16")]
+    # rnnc in float32 is a peer of every bf16 row set: the layer-norm LSTM, which has no
+    # built-in peer, gets its bf16 / fp32 ratio too.
+    assert [(r["cell"], r["peer"], r["precision"]) for r in rows] == [
+        ("lstm", "torch", "fp32"), ("lstm", "rnnc-fp32", "bf16"), ("lstm", "torch-bf16", "bf16"),
+        ("lstm", "torch-autocast", "bf16"), ("ln_lstm", "rnnc-fp32", "bf16")]
     for r in rows:
         assert r["rnnc_gflops"] > 0 and r["peer_gflops"] > 0
         assert math.isclose(r["rnnc_gflops"] * r["rnnc_ms"], r["peer_gflops"] * r["peer_ms"])
@@ -138,3 +141,13 @@ def test_cells_with_feature_shapes_match_eager_peer() -> None:
             rows = bench.bench_one(config, cell, mode, ["eager"], args, {})
             assert len(rows) == 1 and rows[0]["max_abs_diff"] < 1e-4, (cell, mode)
     assert "slstm" not in bench.DEFAULT_CELLS  # run by name: --cells slstm,selective_ssm
+
+
+def test_timed_reads_the_chosen_clock(monkeypatch) -> None:
+    from rnnc.tools.bench import harness
+
+    ticks = iter(range(1000))
+    monkeypatch.setitem(harness.CLOCKS, "cpu", lambda: float(next(ticks)))
+    timings, firsts = harness.timed({"f": lambda: 7}, reps=3, warmup=1, clock="cpu")
+    assert firsts == {"f": 7} and timings["f"].first == 1.0
+    assert timings["f"].times == [1.0, 1.0, 1.0]  # one tick per call: the fake clock was read

@@ -81,6 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--threads (default: available cores) and print the speed-ups")
     parser.add_argument("--reps", type=int, default=5, help="timed repetitions (>= 5 to report)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls first (>= 1)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="wall: elapsed time; cpu: the process's CPU time, all its threads "
+                             "(for one thread on a machine busy with other processes)")
     parser.add_argument("--no-compile-time", action="store_true",
                         help="skip measuring LSTM compile time (cold and cached)")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",

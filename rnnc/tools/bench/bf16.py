@@ -6,7 +6,9 @@ The rows come in the same run as the float32 ones, for the same configuration, c
   input (oneDNN runs the whole cell in bfloat16, elementwise math too);
 - ``torch-autocast``: the float32 module under ``torch.autocast("cpu", dtype=torch.bfloat16)``,
   the semantics rnnc's ``precision="bf16"`` follows;
-- ``jax-bf16``: the ``lax.scan`` peer with bfloat16 weights and input, where JAX imports.
+- ``jax-bf16``: the ``lax.scan`` peer with bfloat16 weights and input, where JAX imports;
+- ``rnnc-fp32``: rnnc itself in float32, timed in the same block, so that every cell (the
+  layer-norm LSTM too, which has no built-in peer) gets its bfloat16 / float32 ratio.
 
 rnnc runs ``rnnc.RNN(..., precision="bf16")`` on the float32 input. Every row carries the
 GFLOP/s of both sides (:func:`~.configs.gemm_flop`); ``max_abs_diff`` compares the outputs,
@@ -81,8 +83,10 @@ def bench_bf16(config: Config, cell: str, mode: str, peers: list[str],
         np.float32)
     run_rnnc, how = rnnc_call(spec, config, grid, mode, args.backend,
                               {**options, "precision": "bf16"})
-    calls: dict[str, Callable[[], Any]] = {"rnnc": lambda: run_rnnc(x)}
-    labels = {"rnnc": how + " bf16"}
+    run_fp32, _ = rnnc_call(spec, config, grid, mode, args.backend, options)
+    calls: dict[str, Callable[[], Any]] = {"rnnc": lambda: run_rnnc(x),
+                                           "rnnc-fp32": lambda: run_fp32(x)}
+    labels = {"rnnc": how + " bf16", "rnnc-fp32": how + " fp32"}
     if "torch" in peers and spec.torch_module is not None:
         import torch
 
@@ -96,5 +100,5 @@ def bench_bf16(config: Config, cell: str, mode: str, peers: list[str],
         fn, labels["jax-bf16"] = jax_bf16_call(spec, config, grid, mode)
         xj = jnp.asarray(x)
         calls["jax-bf16"] = lambda fn=fn: fn(xj)
-    timings, firsts = timed(calls, args.reps, args.warmup)
+    timings, firsts = timed(calls, args.reps, args.warmup, getattr(args, "clock", "wall"))
     return rows_of(config, cell, mode, timings, firsts, labels, "bf16")
