@@ -113,11 +113,13 @@ def widen(value: Any, precision: str) -> Any:
     """``value`` (an array, or a dict or sequence of them) with bfloat16 arrays as float32,
     for a "bf16" function; a float32 function gets ``value`` as it is, and its validation
     refuses bfloat16 naming ``precision='bf16'``."""
+    if precision != BF16:  # first: every float32 call passes here, and str(dtype) is slow
+        return value
     if isinstance(value, Mapping):
         return {k: widen(v, precision) for k, v in value.items()}
     if isinstance(value, (list, tuple)) and not _is_bf16(value):
         return type(value)(widen(v, precision) for v in value)
-    if not _is_bf16(value) or precision != BF16:
+    if not _is_bf16(value):
         return value
     if isinstance(value, np.ndarray):
         return value.astype(np.float32)
