@@ -18,7 +18,7 @@ from rnnc.dsl_random import draws_masks
 from rnnc.errors import RnncPicklingError, RnncTypeError, RnncValueError
 from rnnc.grads import NP, Grads, InputGrads, Tape, cotangent_env, cotangents
 from rnnc.ir import Program, retype
-from rnnc.layout import Layout, device_params, unchanged
+from rnnc.layout import Layout, device_params
 from rnnc.names import MASK, final_state, gradient
 from rnnc.passes.autodiff import check_save_plans
 from rnnc.printer import format_program, op_counts
@@ -58,9 +58,6 @@ class Function:
         self._base = precision_module.mark(cell.program(reverse=reverse), self.precision)
         self._programs: dict[tuple[str, str, bool], Program] = {}
         self._runners: dict[tuple[str, str, bool], Any] = {}
-        # The last host parameters packed, by dtype: (flat, user views, program blocks);
-        # reused while a call's arrays are bitwise the same (layout.unchanged).
-        self._packed: dict[str, tuple[np.ndarray, dict, dict]] = {}
         self._memory_checked: set[tuple] = set()  # (T, B, given states) within memory
         self._lock = process.Lock()
         self.inputs = cell.sizes("input")
@@ -179,14 +176,8 @@ class Function:
                 raise RnncTypeError(f"flat parameter buffer is {params.dtype}, the input is "
                                     f"{np.dtype(NP[dtype])}: convert one of them with .astype")
             return self.layout.block_views(validate.contiguous(params, "flat parameter buffer"))
-        last = self._packed.get(dtype)
-        if isinstance(params, Mapping) and unchanged(last and last[:2], params) is not None:
-            return last[2]
         params = validate.named_arrays("parameter", self.params, params, dtype, None, True)
-        flat = self.layout.pack(params, NP[dtype])
-        views = self.layout.block_views(flat)
-        self._packed[dtype] = (flat, self.layout.unpack(flat), views)
-        return views
+        return self.layout.block_views(self.layout.pack(params, NP[dtype]))
 
     # -- running
     def _seed(self, seed: Any) -> int | None:

@@ -92,32 +92,6 @@ class Layout:
                                  f"got {flat.shape}")
 
 
-def unchanged(packed: tuple[np.ndarray, dict[str, np.ndarray]] | None, params: Mapping[str, Any]
-              ) -> np.ndarray | None:
-    """The flat buffer of ``packed`` (a flat buffer and its user parameters' views) when
-    ``params`` are host arrays with exactly its names, shapes, dtype and bits; else None.
-
-    A call that passes the same weights again reuses their buffer instead of validating and
-    packing them anew: every array is compared bit for bit with what the buffer holds (so a
-    weight updated in place repacks, and -0.0 or a NaN payload is never taken for another
-    value), and whatever differs goes the full way, checks and errors included. The buffer
-    itself is never written, so a tape that holds it stays valid.
-    """
-    if packed is None:
-        return None
-    flat, views = packed
-    if params.keys() != views.keys():
-        return None
-    bits = np.uint32 if flat.dtype == np.float32 else np.uint64
-    for name, view in views.items():
-        value = params[name]
-        if type(value) is not np.ndarray or value.dtype != flat.dtype \
-                or value.shape != view.shape \
-                or not (value.view(bits) == view.view(bits)).all():
-            return None
-    return flat
-
-
 def device_params(layout: Layout, sizes: Mapping[str, tuple], params: Any, dtype: str,
                   device: Device) -> dict[str, Any]:
     """The program's parameter blocks on ``device``: views of a flat device buffer (no copy),
