@@ -58,7 +58,7 @@ class Function:
         self._base = precision_module.mark(cell.program(reverse=reverse), self.precision)
         self._programs: dict[tuple[str, str, bool], Program] = {}
         self._runners: dict[tuple[str, str, bool], Any] = {}
-        self._memory_checked: set[tuple] = set()  # (T, B, given states) within memory
+        self._memory_checked: set[tuple] = set()  # (T, B, dtype, states given) in memory
         self._lock = process.Lock()
         self.inputs = cell.sizes("input")
         self.no_grad = tuple(n for n in self.inputs if n in cell.no_grad)  # grad=False inputs
@@ -201,7 +201,10 @@ class Function:
         given = validate.named_arrays("state", self.states, states, dtype, B, False, T=T,
                                       device=device)
         lens = validate.lengths(lengths, T, B)
-        self._check_memory(T, B, given, dtype)
+        key = (T, B, dtype, tuple(given))  # a size once within memory is not computed again
+        if key not in self._memory_checked:
+            validate.call_memory(self._new_arrays(T, B, given), dtype, validate.physical_memory())
+            self._memory_checked = {*tuple(self._memory_checked)[-63:], key}  # a bounded few
         zeros = np.zeros if device is None else device.zeros
         for name, shape in self.states.items():
             env[name] = given.get(name, zeros((B, shape[-1]), NP[dtype]))
@@ -210,17 +213,6 @@ class Function:
         if self.draws_masks:
             env.update(philox.random_env(seed, T, B, NP[dtype]))
         return env, dtype, T, B, lens, seed, device
-
-    def _check_memory(self, T: int, B: int, given: Mapping[str, Any], dtype: str) -> None:
-        """Refuse a call whose new arrays exceed the machine's memory; a size once within it
-        is not computed again."""
-        key = (T, B, dtype, tuple(given))
-        if key in self._memory_checked:
-            return
-        validate.call_memory(self._new_arrays(T, B, given), dtype, validate.physical_memory())
-        if len(self._memory_checked) > 64:  # bounded: many sizes (T varies) or many states
-            self._memory_checked.clear()
-        self._memory_checked.add(key)
 
     @cached_property
     def _output_sizes(self) -> dict[str, int]:
