@@ -58,6 +58,7 @@ class Function:
         self._base = precision_module.mark(cell.program(reverse=reverse), self.precision)
         self._programs: dict[tuple[str, str, bool], Program] = {}
         self._runners: dict[tuple[str, str, bool], Any] = {}
+        self._memory_checked: set[tuple] = set()  # (T, B, dtype, states given) in memory
         self._lock = process.Lock()
         self.inputs = cell.sizes("input")
         self.no_grad = tuple(n for n in self.inputs if n in cell.no_grad)  # grad=False inputs
@@ -200,7 +201,10 @@ class Function:
         given = validate.named_arrays("state", self.states, states, dtype, B, False, T=T,
                                       device=device)
         lens = validate.lengths(lengths, T, B)
-        validate.call_memory(self._new_arrays(T, B, given), dtype, validate.physical_memory())
+        key = (T, B, dtype, tuple(given))  # a size once within memory is not computed again
+        if key not in self._memory_checked:
+            validate.call_memory(self._new_arrays(T, B, given), dtype, validate.physical_memory())
+            self._memory_checked = {*tuple(self._memory_checked)[-63:], key}  # a bounded few
         zeros = np.zeros if device is None else device.zeros
         for name, shape in self.states.items():
             env[name] = given.get(name, zeros((B, *shape[1:]), NP[dtype]))

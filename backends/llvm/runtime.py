@@ -90,6 +90,7 @@ class Runner(backends.Runner):
         self.libraries = {b.name: b for b in libraries}
         self._tables: dict[tuple[int, int, int], np.ndarray] = {}
         self._tables_lock = process.Lock()
+        self._shapes: dict[tuple[int, int], tuple] = {}  # (T, B) -> args' and results' shapes
         self.function = _SIGNATURE(compiled.address)
         self.compile_seconds = compile_seconds
         self._local = threading.local()
@@ -189,22 +190,28 @@ class Runner(backends.Runner):
         if T * B * self._widest >= 2**31:
             raise RnncValueError(f"T={T}, B={B} is too large for 32-bit BLAS sizes")
         pointers: list[int] = []
-        for name, shape in self.plan.args:
+        shapes = self._shapes.get((T, B))
+        if shapes is None:  # resolved once per size: a small call's Python time counts
+            if len(self._shapes) > 16:
+                self._shapes.clear()
+            shapes = self._shapes[T, B] = (
+                [(name, resolve(shape, sizes)) for name, shape in self.plan.args],
+                [(name, resolve(shape, sizes)) for name, shape in self.plan.results])
+        for name, expected in shapes[0]:
             arr = env.get(name)
             if not isinstance(arr, np.ndarray):
                 raise RnncTypeError(f"{name!r} must be a NumPy array, got {type(arr).__name__}")
             if arr.dtype != self.dtype:
                 raise RnncTypeError(f"{name!r} must be {self.dtype}, got {arr.dtype}")
-            expected = resolve(shape, sizes)
             if arr.shape != expected:
                 raise RnncValueError(f"{name!r} must have shape {expected}, got {arr.shape}")
             if not (arr.flags.c_contiguous and arr.flags.aligned):
                 raise RnncValueError(f"{name!r} must be C-contiguous and aligned")
             pointers.append(arr.ctypes.data)
         results = {}
-        for name, shape in self.plan.results:
+        for name, shape in shapes[1]:
             if name not in results:
-                results[name] = np.empty(resolve(shape, sizes), self.dtype)
+                results[name] = np.empty(shape, self.dtype)
             pointers.append(results[name].ctypes.data)
         size = self.team_size(B, T)
         if size > 1:
