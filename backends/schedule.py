@@ -5,7 +5,8 @@ team and its split, the panel kernel's limits against the BLAS, the fused step, 
 kernel, when a ``linear_scan`` takes its chunked form and with which block, launch geometry,
 and the precision. The passes decide what a program computes; the schedule decides how. A new
 decision of how to run belongs here, not in a module constant, a constructor flag or a runtime
-check (kernel-internal tile sizes, such as ``gemm.ROWS``, stay with their kernels).
+check, kernel tile sizes included (``LlvmSchedule.gemm_row_block``); a module constant is
+left only for a fact (a table's layout, a hardware limit), its comment saying so.
 
 - A backend derives the default for a program: ``backend.schedule(program, mode)``. Its
   options fill the schedule's ``None`` fields (``threads=``, ``team=``, ``fused_step=``, ...);
@@ -152,6 +153,29 @@ class LlvmSchedule(Schedule):
     # H = 512, one thread: 98-101 GFLOP/s with the panel kernel against 79-96 with OpenBLAS
     # from B = 32 to 512 (rows * n * k up to 512 Mi); a C1 LSTM on a team of two, 152 -> 139 ms.
     one_core_panel_max_work: int = 1 << 30
+    # Up to this many rows, a GEMM runs in the axpy-form kernel instead of the panel kernel or
+    # the BLAS: the BLAS call overhead and its small-M paths lose there.
+    gemm_small_rows: int = 2
+    # The panel kernel's row block: 2 * rows accumulators + 2 weight vectors + 1 broadcast fit
+    # in the 32 zmm registers of AVX-512 (more rows spill, fewer reload the panel more often).
+    gemm_row_block: int = 6
+    # Panel rows per chunk: 2 * lanes * gemm_k_chunk values (32 KiB of float32 at 16 lanes)
+    # stay in L1 across the row tiles.
+    gemm_k_chunk: int = 256
+    # A fused region of more nodes is emitted as several loops, each at most this many nodes:
+    # the compile time of one loop body grows faster than linearly with its size (a 1,000-op
+    # body took 17 s), while storing and reloading a value between loops costs little.
+    kernel_nodes: int = 128
+    # Kernels are inlined into ``rnnc_run`` while it calls at most this many: LLVM's optimizer
+    # and instruction selection grow faster than linearly with the size of one function (a
+    # cell of 300 chained matmuls, all inlined, took minutes to compile), while a call costs
+    # nanoseconds.
+    inline_call_sites: int = 64
+    # The team build's one workspace slot shared by every scan split over its steps, in bytes
+    # (scan_chunks.BUFFERS_PER_THREAD column vectors a thread); a scan whose team it cannot
+    # hold is split by columns. Not tuned: pages of the slot that no thread touches cost no
+    # memory, and 4 MiB holds a team of 8 on B * features of 32 Ki float32.
+    scan_workspace_bytes: int = 4 << 20
 
     TEAM_SPLITS = ("columns", "units")
     MAX_THREADS = 1024
@@ -171,19 +195,24 @@ class LlvmSchedule(Schedule):
                                  f"{self.team_split!r}")
         _positive(self, "team_min_work", "scan_team_min_work", "scan_thread_min_bytes",
                   "scan_chunk_min_steps", "scan_chunk_min_work", "panel_max_work",
-                  "one_core_panel_max_work", "scan_first_chunk_weight")
-        if self.scan_first_chunk_weight == 0:
-            raise RnncValueError("scan_first_chunk_weight must be at least 1 (sixteenths)")
+                  "one_core_panel_max_work", "scan_first_chunk_weight", "gemm_small_rows",
+                  "gemm_row_block", "gemm_k_chunk", "kernel_nodes", "inline_call_sites",
+                  "scan_workspace_bytes")
+        for name in ("scan_first_chunk_weight", "gemm_row_block", "gemm_k_chunk",
+                     "kernel_nodes"):
+            if getattr(self, name) == 0:
+                raise RnncValueError(f"{name} must be at least 1, got 0")
 
     def for_build(self, team: bool) -> LlvmSchedule:
         """The schedule as one build reads it, every other field at its default, so that
         backends whose schedules differ only elsewhere share code: the team build (``team``)
         or the one-thread build, which reads ``threads`` only as whether it is 1."""
         default = LlvmSchedule()
-        read = {"precision": self.precision, "one_core_panel_max_work":
-                self.one_core_panel_max_work}
+        read = {name: getattr(self, name) for name in (
+            "precision", "one_core_panel_max_work", "gemm_small_rows", "gemm_row_block",
+            "gemm_k_chunk", "kernel_nodes", "inline_call_sites")}
         if team:
-            read.update(team_split=self.team_split,
+            read.update(team_split=self.team_split, scan_workspace_bytes=self.scan_workspace_bytes,
                         scan_thread_min_bytes=self.scan_thread_min_bytes,
                         scan_chunk_min_steps=self.scan_chunk_min_steps,
                         scan_first_chunk_weight=self.scan_first_chunk_weight)

@@ -144,7 +144,8 @@ class Runner(backends.Runner):
             return None
         return split.scan_form(B * self.scan_width, self.dtype.itemsize, T, self.threads,
                                (self.schedule.scan_thread_min_bytes,
-                                self.schedule.scan_chunk_min_steps))
+                                self.schedule.scan_chunk_min_steps,
+                                self.schedule.scan_workspace_bytes))
 
     def _team_function(self) -> tuple[cache.Compiled, Any]:
         with self._team_lock:
