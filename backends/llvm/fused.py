@@ -6,9 +6,9 @@ is one loop nest per output shape, evaluated per element (:mod:`rnnc.backends.ll
 A part with reductions over the feature axis (``sum``, ``mean``, ``amax``, ``amin``) is
 computed row by row: the leading (row) dims of all its values broadcast to one row shape,
 ``(B,)`` in the loop or ``(T, B)`` outside it (:func:`row_shape`; codegen lowers a region
-without one node by node). The kernel is one loop nest over the rows; for each row it emits, in dependence
-order, one loop over the row per reduction, then one loop per output width that computes the
-region's outputs::
+without one node by node). The kernel is one loop nest over the rows; for each row it
+emits, in dependence order, one loop over the row per reduction, then one loop per output
+width that computes the region's outputs::
 
     for each row r:
         m = 0;  for j < n: m += x[r, j]                    mean of the row
