@@ -268,6 +268,12 @@ class CudaSchedule(Schedule):
     # and the second pass outweigh the chain they shorten.
     scan_chunked_max_columns: int = field(default=32 * 1024, metadata=_PER_CALL)
     scan_chunked_min_steps: int = field(default=2 * 32, metadata=_PER_CALL)
+    # Steps of the loop one CUDA graph holds (backends/cuda/graphs.py; graph=True): a loop of
+    # at most this many is one graph of the whole call, a longer one replays a graph of this
+    # many steps T / graph_steps times, re-pointed. A graph this long launches in one call and
+    # holds a few hundred nodes per launch of a step. Untuned; the runner reads it, no
+    # kernel's source does.
+    graph_steps: int = field(default=256, metadata=_PER_CALL)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -278,7 +284,9 @@ class CudaSchedule(Schedule):
                                  f"kernel, or one kernel for the whole loop), got "
                                  f"{self.fused_step!r}")
         _positive(self, "block_threads", "max_blocks", "persistent_max_blocks",
-                  "scan_chunked_max_columns", "scan_chunked_min_steps")
+                  "scan_chunked_max_columns", "scan_chunked_min_steps", "graph_steps")
+        if self.graph_steps == 0:
+            raise RnncValueError("graph_steps must be at least 1 (steps of one CUDA graph)")
         if not (1 <= self.block_threads <= 1024 and self.max_blocks >= 1):
             raise RnncValueError(f"block_threads must be from 1 to 1024 and max_blocks at "
                                  f"least 1, got {self.block_threads} and {self.max_blocks}")
