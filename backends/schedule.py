@@ -176,6 +176,13 @@ class LlvmSchedule(Schedule):
     # hold is split by columns. Not tuned: pages of the slot that no thread touches cost no
     # memory, and 4 MiB holds a team of 8 on B * features of 32 Ki float32.
     scan_workspace_bytes: int = 4 << 20
+    # Which BLAS runs a GEMM call at how many threads is measured per shape (LLVM autotune,
+    # backends/llvm/autotune.py) among the candidates these bounds leave: up to
+    # blas_one_thread_max_work multiply-adds (m * n * k) only one thread (a tiny product cannot
+    # pay for a thread hand-off), from blas_all_threads_min_work only all of them (a huge one
+    # always gains from every core). Unmeasured bounds; between them, timings decide.
+    blas_one_thread_max_work: int = field(default=1 << 16, metadata=_PER_CALL)
+    blas_all_threads_min_work: int = field(default=1 << 27, metadata=_PER_CALL)
 
     TEAM_SPLITS = ("columns", "units")
     MAX_THREADS = 1024
@@ -197,7 +204,8 @@ class LlvmSchedule(Schedule):
                   "scan_chunk_min_steps", "scan_chunk_min_work", "panel_max_work",
                   "one_core_panel_max_work", "scan_first_chunk_weight", "gemm_small_rows",
                   "gemm_row_block", "gemm_k_chunk", "kernel_nodes", "inline_call_sites",
-                  "scan_workspace_bytes")
+                  "scan_workspace_bytes", "blas_one_thread_max_work",
+                  "blas_all_threads_min_work")
         for name in ("scan_first_chunk_weight", "gemm_row_block", "gemm_k_chunk",
                      "kernel_nodes"):
             if getattr(self, name) == 0:
