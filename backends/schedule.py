@@ -282,6 +282,14 @@ class CudaSchedule(Schedule):
     # holds a few hundred nodes per launch of a step. Untuned; the runner reads it, no
     # kernel's source does.
     graph_steps: int = field(default=256, metadata=_PER_CALL)
+    # A fused step's tile (backends/cuda/fused_tile.py): tile_row_threads threads of a block
+    # along the batch rows; at most tile_max_units along the hidden units, 32 so that a warp
+    # spans consecutive units (coalesced loads of b and stores of results); the deepest stage
+    # of K from tile_depths (deepest first) that fits in static shared memory. A persistent
+    # kernel's tile takes the same limits. Untuned until measured on a GPU.
+    tile_row_threads: int = 8
+    tile_max_units: int = 32
+    tile_depths: tuple[int, ...] = (16, 8, 4, 2, 1)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -298,6 +306,18 @@ class CudaSchedule(Schedule):
         if not (1 <= self.block_threads <= 1024 and self.max_blocks >= 1):
             raise RnncValueError(f"block_threads must be from 1 to 1024 and max_blocks at "
                                  f"least 1, got {self.block_threads} and {self.max_blocks}")
+        _positive(self, "tile_row_threads", "tile_max_units")
+        depths = self.tile_depths
+        if not (isinstance(depths, tuple) and depths and all(
+                type(d) is int and d >= 1 for d in depths) and list(depths) == sorted(
+                set(depths), reverse=True) and depths[-1] == 1):
+            raise RnncValueError(f"tile_depths must be a tuple of whole numbers, deepest first, "
+                                 f"ending in 1, got {depths!r}")
+        units = self.tile_max_units
+        if not (1 <= self.tile_row_threads * units <= 1024 and units & (units - 1) == 0):
+            raise RnncValueError(f"tile_row_threads times tile_max_units (a power of two) must "
+                                 f"make 1 to 1024 threads (a block), got "
+                                 f"{self.tile_row_threads} x {units}")
         _positive(self, "scan_columns", "scan_chunks")
         if not (self.scan_columns >= 1 and self.scan_chunks >= 2
                 and self.scan_columns * self.scan_chunks <= 1024):

@@ -35,6 +35,7 @@ from rnnc import ops
 from rnnc.backends.cuda.fused_tile import Tile, choose_tile, tile_function
 from rnnc.backends.cuda.kernels import KernelWriter, Scope, width
 from rnnc.backends.cuda.rules import CudaRenderer
+from rnnc.backends.schedule import CudaSchedule
 from rnnc.backends.steps import GraphSteps, Step
 from rnnc.backends.units import unit_width
 from rnnc.ir import FUSED, Graph, Program, Shape
@@ -78,8 +79,10 @@ class FusedStep:
     fused: bool = True  # results form a tuple that ``get`` nodes pick from, like a Launch's
 
 
-def fused_pairs(body: GraphSteps, dtype: str) -> dict[int, Pair]:
-    """The fusable pairs of a loop body, by the region's slot (see the module doc)."""
+def fused_pairs(body: GraphSteps, dtype: str, how: CudaSchedule | None = None
+                ) -> dict[int, Pair]:
+    """The fusable pairs of a loop body, by the region's slot (see the module doc); their
+    tiles within ``how``'s limits."""
     readers: dict[int, list[Step]] = {}
     for step in body.steps:
         for slot in step.inputs:
@@ -94,14 +97,14 @@ def fused_pairs(body: GraphSteps, dtype: str) -> dict[int, Pair]:
         region_step = users[0]
         if region_step.op is not FUSED or region_step.inputs.count(step.slot) != 1:
             continue
-        pair = _pair(step, region_step, shapes, dtype)
+        pair = _pair(step, region_step, shapes, dtype, how)
         if pair is not None:
             pairs[region_step.slot] = pair
     return pairs
 
 
-def _pair(matmul: Step, region_step: Step, shapes: Mapping[int, Shape], dtype: str
-          ) -> Pair | None:
+def _pair(matmul: Step, region_step: Step, shapes: Mapping[int, Shape], dtype: str,
+          how: CudaSchedule | None = None) -> Pair | None:
     """The pair of ``matmul`` and the region reading it, or None where it does not fuse."""
     if matmul.attrs.get("transpose_a"):
         return None
@@ -122,7 +125,7 @@ def _pair(matmul: Step, region_step: Step, shapes: Mapping[int, Shape], dtype: s
     if any(tuple(region.node(o).shape) != ("B", width(region.node(o).shape))
            for o in region.outputs.values()):
         return None
-    tile = choose_tile(H, N // H, K, ITEMSIZE[dtype])
+    tile = choose_tile(H, N // H, K, ITEMSIZE[dtype], how)
     return None if tile is None else Pair(matmul, argument, tile)
 
 
