@@ -5,7 +5,8 @@ team and its split, the panel kernel's limits against the BLAS, the fused step, 
 kernel, when a ``linear_scan`` takes its chunked form and with which block, launch geometry,
 and the precision. The passes decide what a program computes; the schedule decides how. A new
 decision of how to run belongs here, not in a module constant, a constructor flag or a runtime
-check (kernel-internal tile sizes, such as ``gemm.ROWS``, stay with their kernels).
+check, kernel tile sizes included (``LlvmSchedule.gemm_row_block``); a module constant is
+left only for a fact (a table's layout, a hardware limit), its comment saying so.
 
 - A backend derives the default for a program: ``backend.schedule(program, mode)``. Its
   options fill the schedule's ``None`` fields (``threads=``, ``team=``, ``fused_step=``, ...);
@@ -152,6 +153,36 @@ class LlvmSchedule(Schedule):
     # H = 512, one thread: 98-101 GFLOP/s with the panel kernel against 79-96 with OpenBLAS
     # from B = 32 to 512 (rows * n * k up to 512 Mi); a C1 LSTM on a team of two, 152 -> 139 ms.
     one_core_panel_max_work: int = 1 << 30
+    # Up to this many rows, a GEMM runs in the axpy-form kernel instead of the panel kernel or
+    # the BLAS: the BLAS call overhead and its small-M paths lose there.
+    gemm_small_rows: int = 2
+    # The panel kernel's row block: 2 * rows accumulators + 2 weight vectors + 1 broadcast fit
+    # in the 32 zmm registers of AVX-512 (more rows spill, fewer reload the panel more often).
+    gemm_row_block: int = 6
+    # Panel rows per chunk: 2 * lanes * gemm_k_chunk values (32 KiB of float32 at 16 lanes)
+    # stay in L1 across the row tiles.
+    gemm_k_chunk: int = 256
+    # A fused region of more nodes is emitted as several loops, each at most this many nodes:
+    # the compile time of one loop body grows faster than linearly with its size (a 1,000-op
+    # body took 17 s), while storing and reloading a value between loops costs little.
+    kernel_nodes: int = 128
+    # Kernels are inlined into ``rnnc_run`` while it calls at most this many: LLVM's optimizer
+    # and instruction selection grow faster than linearly with the size of one function (a
+    # cell of 300 chained matmuls, all inlined, took minutes to compile), while a call costs
+    # nanoseconds.
+    inline_call_sites: int = 64
+    # The team build's one workspace slot shared by every scan split over its steps, in bytes
+    # (scan_chunks.BUFFERS_PER_THREAD column vectors a thread); a scan whose team it cannot
+    # hold is split by columns. Not tuned: pages of the slot that no thread touches cost no
+    # memory, and 4 MiB holds a team of 8 on B * features of 32 Ki float32.
+    scan_workspace_bytes: int = 4 << 20
+    # Which BLAS runs a GEMM call at how many threads is measured per shape (LLVM autotune,
+    # backends/llvm/autotune.py) among the candidates these bounds leave: up to
+    # blas_one_thread_max_work multiply-adds (m * n * k) only one thread (a tiny product cannot
+    # pay for a thread hand-off), from blas_all_threads_min_work only all of them (a huge one
+    # always gains from every core). Unmeasured bounds; between them, timings decide.
+    blas_one_thread_max_work: int = field(default=1 << 16, metadata=_PER_CALL)
+    blas_all_threads_min_work: int = field(default=1 << 27, metadata=_PER_CALL)
 
     TEAM_SPLITS = ("columns", "units")
     MAX_THREADS = 1024
@@ -171,19 +202,25 @@ class LlvmSchedule(Schedule):
                                  f"{self.team_split!r}")
         _positive(self, "team_min_work", "scan_team_min_work", "scan_thread_min_bytes",
                   "scan_chunk_min_steps", "scan_chunk_min_work", "panel_max_work",
-                  "one_core_panel_max_work", "scan_first_chunk_weight")
-        if self.scan_first_chunk_weight == 0:
-            raise RnncValueError("scan_first_chunk_weight must be at least 1 (sixteenths)")
+                  "one_core_panel_max_work", "scan_first_chunk_weight", "gemm_small_rows",
+                  "gemm_row_block", "gemm_k_chunk", "kernel_nodes", "inline_call_sites",
+                  "scan_workspace_bytes", "blas_one_thread_max_work",
+                  "blas_all_threads_min_work")
+        for name in ("scan_first_chunk_weight", "gemm_row_block", "gemm_k_chunk",
+                     "kernel_nodes"):
+            if getattr(self, name) == 0:
+                raise RnncValueError(f"{name} must be at least 1, got 0")
 
     def for_build(self, team: bool) -> LlvmSchedule:
         """The schedule as one build reads it, every other field at its default, so that
         backends whose schedules differ only elsewhere share code: the team build (``team``)
         or the one-thread build, which reads ``threads`` only as whether it is 1."""
         default = LlvmSchedule()
-        read = {"precision": self.precision, "one_core_panel_max_work":
-                self.one_core_panel_max_work}
+        read = {name: getattr(self, name) for name in (
+            "precision", "one_core_panel_max_work", "gemm_small_rows", "gemm_row_block",
+            "gemm_k_chunk", "kernel_nodes", "inline_call_sites")}
         if team:
-            read.update(team_split=self.team_split,
+            read.update(team_split=self.team_split, scan_workspace_bytes=self.scan_workspace_bytes,
                         scan_thread_min_bytes=self.scan_thread_min_bytes,
                         scan_chunk_min_steps=self.scan_chunk_min_steps,
                         scan_first_chunk_weight=self.scan_first_chunk_weight)
@@ -239,6 +276,20 @@ class CudaSchedule(Schedule):
     # and the second pass outweigh the chain they shorten.
     scan_chunked_max_columns: int = field(default=32 * 1024, metadata=_PER_CALL)
     scan_chunked_min_steps: int = field(default=2 * 32, metadata=_PER_CALL)
+    # Steps of the loop one CUDA graph holds (backends/cuda/graphs.py; graph=True): a loop of
+    # at most this many is one graph of the whole call, a longer one replays a graph of this
+    # many steps T / graph_steps times, re-pointed. A graph this long launches in one call and
+    # holds a few hundred nodes per launch of a step. Untuned; the runner reads it, no
+    # kernel's source does.
+    graph_steps: int = field(default=256, metadata=_PER_CALL)
+    # A fused step's tile (backends/cuda/fused_tile.py): tile_row_threads threads of a block
+    # along the batch rows; at most tile_max_units along the hidden units, 32 so that a warp
+    # spans consecutive units (coalesced loads of b and stores of results); the deepest stage
+    # of K from tile_depths (deepest first) that fits in static shared memory. A persistent
+    # kernel's tile takes the same limits. Untuned until measured on a GPU.
+    tile_row_threads: int = 8
+    tile_max_units: int = 32
+    tile_depths: tuple[int, ...] = (16, 8, 4, 2, 1)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -249,10 +300,24 @@ class CudaSchedule(Schedule):
                                  f"kernel, or one kernel for the whole loop), got "
                                  f"{self.fused_step!r}")
         _positive(self, "block_threads", "max_blocks", "persistent_max_blocks",
-                  "scan_chunked_max_columns", "scan_chunked_min_steps")
+                  "scan_chunked_max_columns", "scan_chunked_min_steps", "graph_steps")
+        if self.graph_steps == 0:
+            raise RnncValueError("graph_steps must be at least 1 (steps of one CUDA graph)")
         if not (1 <= self.block_threads <= 1024 and self.max_blocks >= 1):
             raise RnncValueError(f"block_threads must be from 1 to 1024 and max_blocks at "
                                  f"least 1, got {self.block_threads} and {self.max_blocks}")
+        _positive(self, "tile_row_threads", "tile_max_units")
+        depths = self.tile_depths
+        if not (isinstance(depths, tuple) and depths and all(
+                type(d) is int and d >= 1 for d in depths) and list(depths) == sorted(
+                set(depths), reverse=True) and depths[-1] == 1):
+            raise RnncValueError(f"tile_depths must be a tuple of whole numbers, deepest first, "
+                                 f"ending in 1, got {depths!r}")
+        units = self.tile_max_units
+        if not (1 <= self.tile_row_threads * units <= 1024 and units & (units - 1) == 0):
+            raise RnncValueError(f"tile_row_threads times tile_max_units (a power of two) must "
+                                 f"make 1 to 1024 threads (a block), got "
+                                 f"{self.tile_row_threads} x {units}")
         _positive(self, "scan_columns", "scan_chunks")
         if not (self.scan_columns >= 1 and self.scan_chunks >= 2
                 and self.scan_columns * self.scan_chunks <= 1024):

@@ -48,6 +48,9 @@ from typing import Any
 from rnnc import diskcache
 from rnnc.backends.cuda.plan import Plan
 
+# How autotune measures, not how a program runs: a candidate is a CudaSchedule, and these
+# set how long its timing takes and how sure it is (the schedule chosen names no count of
+# replays), so they stay with the tuner. Timed runs per candidate after one warm-up.
 REPLAYS = 5
 # Per candidate: its timed runs' GPU time in total, and the host's wait for any one run.
 # Several times what a C1-C4 call takes even on a slow path: a candidate over it cannot win.

@@ -203,7 +203,8 @@ def render(program: Program | ProgramSteps, prefix: str = "k_", fused_step: str 
     share one module (``prelude`` once, then each ``kernel_text``). ``fused_step``: "auto",
     "always" or "never" (module doc); a backward :class:`Program` renders as "never" (a
     schedule does not say what it computes: the caller decides, :func:`.fused_step.fused_mode`).
-    ``schedule`` gives the chunked scan's block (None: the defaults).
+    ``schedule`` gives the chunked scan's block and the fused step's tile limits (None: the
+    defaults).
     """
     if isinstance(program, Program):
         fused_step = fused_mode(program, fused_step)
@@ -213,14 +214,14 @@ def render(program: Program | ProgramSteps, prefix: str = "k_", fused_step: str 
     kernels = _Kernels(renderer, prefix, (how.scan_columns, how.scan_chunks))
     module = Module(schedule.dtype, "", [])
     pairs = {} if fused_step == "never" else fused_pairs(schedule.body, schedule.dtype,
-                                                              schedule.scan.consts)
+                                                              schedule.scan.consts, how)
     module.steps["pre"] = graph_steps(schedule.pre, kernels)
     if pairs and fused_step == "auto":
         module.gemm_body = graph_steps(schedule.body, kernels)
     module.steps["body"] = graph_steps(schedule.body, kernels, pairs)
     if fused_step in ("auto", "persistent"):
         module.persistent = persistent_kernel(schedule, module.steps["body"], renderer,
-                                              f"{prefix}persistent")
+                                              f"{prefix}persistent", how)
     module.steps["post"] = graph_steps(schedule.post, kernels)
     module.kernels = list(kernels.names.values())
     module.barriers = sorted(kernels.barriers)

@@ -39,6 +39,7 @@ from rnnc import ops
 from rnnc.backends.cuda.fused_tile import Tile, choose_tile, tile_function
 from rnnc.backends.cuda.kernels import KernelWriter, Scope, width
 from rnnc.backends.cuda.rules import CudaRenderer
+from rnnc.backends.schedule import CudaSchedule
 from rnnc.backends.steps import GraphSteps, Step
 from rnnc.backends.units import unit_width
 from rnnc.ir import ARG, FUSED, Graph, Program, Shape
@@ -85,11 +86,11 @@ class FusedStep:
     bf16: bool = False  # the kernel reads ``b`` as bfloat16 bits (the host converts it)
 
 
-def fused_pairs(body: GraphSteps, dtype: str, constants: tuple[str, ...] = ()
-                ) -> dict[int, Pair]:
-    """The fusable pairs of a loop body, by the region's slot (see the module doc); a
-    bfloat16 product fuses where its weight is one of the loop ``constants`` (the host
-    converts those before the loop)."""
+def fused_pairs(body: GraphSteps, dtype: str, constants: tuple[str, ...] = (),
+                how: CudaSchedule | None = None) -> dict[int, Pair]:
+    """The fusable pairs of a loop body, by the region's slot (see the module doc), their
+    tiles within ``how``'s limits; a bfloat16 product fuses where its weight is one of the
+    loop ``constants`` (the host converts those before the loop)."""
     readers: dict[int, list[Step]] = {}
     for step in body.steps:
         for slot in step.inputs:
@@ -109,14 +110,14 @@ def fused_pairs(body: GraphSteps, dtype: str, constants: tuple[str, ...] = ()
         if step.attrs.get("precision") == BF16 and not (
                 weight is not None and weight.op is ARG and weight.name in constants):
             continue
-        pair = _pair(step, region_step, shapes, dtype)
+        pair = _pair(step, region_step, shapes, dtype, how)
         if pair is not None:
             pairs[region_step.slot] = pair
     return pairs
 
 
-def _pair(matmul: Step, region_step: Step, shapes: Mapping[int, Shape], dtype: str
-          ) -> Pair | None:
+def _pair(matmul: Step, region_step: Step, shapes: Mapping[int, Shape], dtype: str,
+          how: CudaSchedule | None = None) -> Pair | None:
     """The pair of ``matmul`` and the region reading it, or None where it does not fuse."""
     bf16 = matmul.attrs.get("precision") == BF16
     if matmul.attrs.get("transpose_a") or (bf16 and dtype != "f32"):
@@ -138,7 +139,7 @@ def _pair(matmul: Step, region_step: Step, shapes: Mapping[int, Shape], dtype: s
     if any(tuple(region.node(o).shape) != ("B", width(region.node(o).shape))
            for o in region.outputs.values()):
         return None
-    tile = choose_tile(H, N // H, K, ITEMSIZE[dtype])
+    tile = choose_tile(H, N // H, K, ITEMSIZE[dtype], how)
     return None if tile is None else Pair(matmul, argument, tile, bf16)
 
 

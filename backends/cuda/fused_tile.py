@@ -34,12 +34,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Threads of a block along the batch rows; along the units there are ``Tile.units`` of them.
-ROW_THREADS = 8
-MAX_UNITS = 32  # a warp spans consecutive units: coalesced loads of b and stores of results
-# Static shared memory a block may declare without opting in to more (every CUDA GPU).
+from rnnc.backends.schedule import CudaSchedule
+
+# The threads along the rows, the most units and the stage depths are the schedule's
+# (CudaSchedule.tile_row_threads, .tile_max_units, .tile_depths). A fact of every CUDA GPU:
+# the static shared memory a block may declare without opting in to more.
 SHARED_BYTES = 48 * 1024
-DEPTHS = (16, 8, 4, 2, 1)
 
 
 @dataclass(frozen=True)
@@ -52,16 +52,17 @@ class Tile:
     units: int  # hidden units per block, one per thread along that axis
     rows_per_thread: int
     depth: int  # columns of K per shared-memory stage
+    row_threads: int = CudaSchedule.tile_row_threads  # threads along the rows
 
     @property
     def rows(self) -> int:
         """Batch rows per block."""
-        return ROW_THREADS * self.rows_per_thread
+        return self.row_threads * self.rows_per_thread
 
     @property
     def threads(self) -> int:
         """Threads per block."""
-        return ROW_THREADS * self.units
+        return self.row_threads * self.units
 
     @property
     def unit_blocks(self) -> int:
@@ -77,17 +78,19 @@ class Tile:
         return (self.rows + self.G * self.units) * self.depth * itemsize
 
 
-def choose_tile(H: int, G: int, K: int, itemsize: int) -> Tile | None:
+def choose_tile(H: int, G: int, K: int, itemsize: int, how: CudaSchedule | None = None
+                ) -> Tile | None:
     """The tile of a step with G gates of H units over K, or None when even the smallest stage
-    does not fit in static shared memory (the step then keeps its GEMM)."""
-    units = min(MAX_UNITS, 1 << max(H - 1, 0).bit_length())
+    does not fit in static shared memory (the step then keeps its GEMM); ``how``'s limits."""
+    how = how or CudaSchedule()
+    units = min(how.tile_max_units, 1 << max(H - 1, 0).bit_length())
     # Fewer rows per thread for many gates: a thread's accumulators stay in registers.
     rows_per_thread = 4 if G <= 8 else 2 if G <= 16 else 1
     widest = max(1, 1 << max(K - 1, 0).bit_length())  # no deeper stage than K needs
-    for depth in DEPTHS:
-        if depth > widest and depth != DEPTHS[-1]:
+    for depth in how.tile_depths:
+        if depth > widest and depth != how.tile_depths[-1]:
             continue
-        tile = Tile(H, G, K, units, rows_per_thread, depth)
+        tile = Tile(H, G, K, units, rows_per_thread, depth, how.tile_row_threads)
         if tile.shared_bytes(itemsize) <= SHARED_BYTES:
             return tile
     return None

@@ -1,12 +1,12 @@
-"""A plan replayed as CUDA graphs of at most :data:`GRAPH_STEPS` loop steps each.
+"""A plan replayed as CUDA graphs of at most ``CudaSchedule.graph_steps`` loop steps each.
 
 A plan (:mod:`.plan`) records one step of the time loop; a graph holds resolved calls, so a
 graph of every step would grow with T. :class:`Replay` keeps graphs of constant size instead:
 
-- a loop of at most :data:`GRAPH_STEPS` steps: one graph of the whole call, launched once per
+- a loop of at most ``graph_steps`` (K) steps: one graph of the whole call, launched once per
   call (what CUDA graphs did before);
-- a longer loop: a graph of the calls before the loop, a graph of :data:`GRAPH_STEPS` steps
-  launched T / GRAPH_STEPS times, each time re-pointed at the arrays of its steps (the same
+- a longer loop: a graph of the calls before the loop, a graph of K steps
+  launched T / K times, each time re-pointed at the arrays of its steps (the same
   calls, other slots of the sequences), and a graph of the calls after the loop. The first
   span of steps and the last, shorter one make other calls (the first step copies what later
   ones do not), so each topology keeps its own graph: at most four per plan.
@@ -27,10 +27,7 @@ from collections.abc import Callable, Hashable
 from typing import Any, Protocol
 
 from rnnc.backends.cuda.plan import Node, Plan
-
-# Steps of the loop one graph holds. A graph this long launches in one call and holds a few
-# hundred nodes per launch of a step; longer loops launch it again, re-pointed.
-GRAPH_STEPS = 256
+from rnnc.backends.schedule import CudaSchedule
 
 
 class Graph(Protocol):
@@ -63,12 +60,14 @@ class EmulatedGraph:
 
 
 class Replay:
-    """``plan`` as graphs of at most ``steps`` loop steps, made by ``make(nodes)``; calling it
-    launches them in order."""
+    """``plan`` as graphs of at most ``steps`` loop steps (None: the schedule's default,
+    ``CudaSchedule.graph_steps``), made by ``make(nodes)``; calling it launches them in
+    order."""
 
     def __init__(self, plan: Plan, make: Callable[[list[Node]], Graph],
-                 steps: int = GRAPH_STEPS) -> None:
-        self.plan, self.make, self.steps = plan, make, steps
+                 steps: int | None = None) -> None:
+        self.plan, self.make = plan, make
+        self.steps = CudaSchedule().graph_steps if steps is None else steps
         self.whole: Graph | None = None
         self.around: tuple[Graph | None, Graph | None] | None = None
         self.spans: dict[Hashable, Graph] = {}  # the loop's graphs by topology

@@ -49,8 +49,6 @@ from rnnc import ops
 from rnnc.backends.cuda import bf16, cooperative
 from rnnc.backends.cuda.fused_step import ITEMSIZE, FusedStep, epilogue_lines
 from rnnc.backends.cuda.fused_tile import (
-    DEPTHS,
-    MAX_UNITS,
     SHARED_BYTES,
     Tile,
     load_b_lines,
@@ -60,6 +58,7 @@ from rnnc.backends.cuda.fused_tile import (
 from rnnc.backends.cuda.kernels import width
 from rnnc.backends.cuda.plan import Entry, Plan
 from rnnc.backends.cuda.rules import CudaRenderer
+from rnnc.backends.schedule import CudaSchedule
 from rnnc.backends.steps import ProgramSteps, Step, resolve
 from rnnc.ir import ARG, GET, Shape
 
@@ -106,18 +105,19 @@ class PersistentLaunch:
     resident: int
 
 
-def persistent_tile(H: int, G: int, K: int, itemsize: int, weight_itemsize: int | None = None
-                    ) -> Tile | None:
+def persistent_tile(H: int, G: int, K: int, itemsize: int, weight_itemsize: int | None = None,
+                    how: CudaSchedule | None = None) -> Tile | None:
     """The tile of a persistent kernel: the most units per block (a power of two, at most
-    :data:`MAX_UNITS`) whose slice of ``U`` (``weight_itemsize`` bytes a value, by default
+    ``how.tile_max_units``) whose slice of ``U`` (``weight_itemsize`` bytes a value, by default
     ``itemsize``) and one stage of ``a`` fit in static shared memory; None when not even one
     unit's does."""
     weight_itemsize = weight_itemsize or itemsize
-    units = min(MAX_UNITS, 1 << max(H - 1, 0).bit_length())
+    how = how or CudaSchedule()
+    units = min(how.tile_max_units, 1 << max(H - 1, 0).bit_length())
     rows_per_thread = 4 if G <= 8 else 2 if G <= 16 else 1
-    depth = next(d for d in DEPTHS if d <= max(1, 1 << max(K - 1, 0).bit_length()))
+    depth = next(d for d in how.tile_depths if d <= max(1, 1 << max(K - 1, 0).bit_length()))
     while units >= 1:
-        tile = Tile(H, G, K, units, rows_per_thread, depth)
+        tile = Tile(H, G, K, units, rows_per_thread, depth, how.tile_row_threads)
         if tile.rows * depth * itemsize + padded_depth(tile) * G * units * weight_itemsize \
                 <= SHARED_BYTES:
             return tile
@@ -181,7 +181,8 @@ def _operand(step: Step, seqs: tuple[str, ...], consts: tuple[str, ...],
 
 
 def persistent_kernel(schedule: ProgramSteps, body: list, renderer: CudaRenderer,
-                      name: str = KERNEL) -> PersistentKernel | None:
+                      name: str = KERNEL, how: CudaSchedule | None = None
+                      ) -> PersistentKernel | None:
     """The persistent kernel of a program whose rendered loop ``body`` is one fused step, or
     None where it does not qualify (module doc)."""
     if len(body) != 1 or not isinstance(body[0], FusedStep):
@@ -191,7 +192,7 @@ def persistent_kernel(schedule: ProgramSteps, body: list, renderer: CudaRenderer
     matmul = next(s for s in schedule.body.steps if s.slot == fused.product)
     found = _analyse(schedule, fused)
     tile = persistent_tile(fused.tile.H, fused.tile.G, fused.tile.K,
-                           ITEMSIZE[schedule.dtype], 2 if fused.bf16 else None)
+                           ITEMSIZE[schedule.dtype], 2 if fused.bf16 else None, how)
     if found is None or tile is None or (fused.bf16 and fused.b in fused.inputs):
         return None  # (a bf16 weight the region reads too would need it in float32 as well)
     operands, stacked = found

@@ -17,7 +17,7 @@ and copies the results out. Calls on one runner take turns.
 
 ``graph=True`` (the default): after a shape's first call (which also compiles CuPy's own
 kernels and creates the cuBLAS handle, which cannot happen inside a capture) the plan is
-captured as CUDA graphs of at most :data:`~.graphs.GRAPH_STEPS` loop steps, replayed span by
+captured as CUDA graphs of at most ``CudaSchedule.graph_steps`` loop steps, replayed span by
 span (:mod:`.graphs`), so their size does not grow with T. If the capture fails, that shape runs
 its plan call by call; emulation replays the same graphs from host memory. ``graph=False``
 launches every call of the plan from Python on every call.
@@ -301,7 +301,7 @@ class Runner:
             np.copyto(plan.inputs[name], value)
         if self.backend.graph:
             if plan.replay is None:
-                plan.replay = Replay(plan, EmulatedGraph)
+                plan.replay = Replay(plan, EmulatedGraph, self.schedule.graph_steps)
             plan.replay()
         else:
             plan.run()
@@ -364,8 +364,8 @@ class Runner:
         """The plan as CUDA graphs on ``stream`` (the first ones captured now, the loop's
         other spans on first use), or None if this CuPy cannot capture it."""
         stream.synchronize()
-        cupy = self.backend.cupy
-        replay = Replay(plan, lambda nodes: DeviceGraph(cupy, stream, nodes))
+        cupy, steps = self.backend.cupy, self.schedule.graph_steps
+        replay = Replay(plan, lambda nodes: DeviceGraph(cupy, stream, nodes), steps)
         try:
             replay.prepare()
         except Exception:

@@ -20,12 +20,9 @@ import numpy as np
 
 from rnnc import diskcache, process
 from rnnc.backends.llvm import blas
+from rnnc.backends.schedule import LlvmSchedule
 
 __all__ = ["candidate_names", "choose", "choose_for_site", "split_candidate"]
-
-# Multiply-adds below which a GEMM runs on one thread, and above which on all, unmeasured.
-ONE_CORE = 1 << 16
-ALL_CORES = 1 << 27
 
 _CHOICES: dict[str, str] = {}  # oldest first out beyond process.GEMM_CHOICES
 
@@ -67,15 +64,20 @@ def candidate_names(libraries: Iterable[blas.Blas], threads: int) -> list[str]:
 
 
 def choose_for_site(m: int, n: int, k: int, dtype: np.dtype | type, names: list[str],
-                    cache_dir: str | os.PathLike | None = None) -> str:
+                    cache_dir: str | os.PathLike | None = None,
+                    bounds: tuple[int, int] | None = None) -> str:
     """The candidate among ``names`` for one GEMM call of this shape.
 
-    Only the middle sizes are worth measuring: a tiny product cannot pay for a thread
-    hand-off, and a huge one always gains from every core.
+    Only the middle sizes are worth measuring: up to ``bounds[0]`` multiply-adds only one
+    thread, from ``bounds[1]`` only all of them (``LlvmSchedule.blas_one_thread_max_work``,
+    ``.blas_all_threads_min_work``: the runner passes its schedule's; None, the defaults).
     """
-    work = m * n * k
-    fit = [c for c in names if not c.endswith("@1")] if work >= ALL_CORES else \
-        [c for c in names if c.endswith("@1")] if work <= ONE_CORE else names
+    if bounds is None:
+        bounds = (LlvmSchedule().blas_one_thread_max_work,
+                  LlvmSchedule().blas_all_threads_min_work)
+    work, (one_thread, all_threads) = m * n * k, bounds
+    fit = [c for c in names if not c.endswith("@1")] if work >= all_threads else \
+        [c for c in names if c.endswith("@1")] if work <= one_thread else names
     fit = fit or names
     if len(fit) == 1 or work == 0:
         return fit[-1]

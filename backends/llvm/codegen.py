@@ -27,7 +27,6 @@ from rnnc.backends.llvm.blas import Convention
 from rnnc.backends.llvm.context import I64, Buffer, Context, Plan
 from rnnc.backends.llvm.fused import emit_fused, fusible
 from rnnc.backends.llvm.kernels import emit_accumulate, emit_loop, share_identical_functions
-from rnnc.backends.llvm.region import KERNEL_NODES
 from rnnc.backends.llvm.rules import RULES
 from rnnc.backends.llvm.split import panel_work, unit_readers
 from rnnc.backends.llvm.team import Team
@@ -36,10 +35,6 @@ from rnnc.backends.steps import GraphSteps, Step, program_steps
 from rnnc.ir import ARG, FUSED, GET, Node, Program
 
 _FUNCTION_ATTRIBUTES = '"prefer-vector-width"="512" "min-legal-vector-width"="512"'
-# Kernels are inlined into ``rnnc_run`` while it calls at most this many: LLVM's optimizer and
-# instruction selection grow faster than linearly with the size of one function (a cell of 300
-# chained matmuls, all inlined, took minutes to compile), while a call costs nanoseconds.
-INLINE_CALL_SITES = 64
 
 
 def env_shapes(program: Program) -> dict[str, tuple]:
@@ -58,6 +53,7 @@ class Lowering:
         plan = Plan(program.dtype, tuple((n, t.shape) for n, (_, t) in program.args.items()),
                     tuple((n, shapes[n]) for n in program.results))
         self.ctx = Context.start(plan, convention, team)
+        self.ctx.schedule = schedule
         # A team's threads, and a backend of one thread, call the BLAS on one core.
         self.ctx.own_max_work = schedule.own_max_work(team or schedule.threads == 1)
         # A team build splits the step body's nodes between threads while ``splitting``, and
@@ -127,7 +123,8 @@ class Lowering:
         live = [step for step in graph.steps if step.slot in needed or step.op is ARG]
         values: dict[int, Any] = {}
         # A product split by hidden units is emitted with its reader: (node, operands).
-        readers = unit_readers(live, 2 * gemm.lanes(self.ctx)) \
+        readers = unit_readers(live, 2 * gemm.lanes(self.ctx),
+                               self.ctx.schedule.kernel_nodes) \
             if self.splitting and self.units else {}
         deferred = {product: None for product, _ in readers.values()}
         for step in live:
@@ -178,7 +175,7 @@ class Lowering:
                 self.ctx, region, leaves, outputs, span))
         elif outputs:
             keys, dests = list(leaves), list(outputs)
-            if self.splitting and len(region.steps) > KERNEL_NODES:
+            if self.splitting and len(region.steps) > self.ctx.schedule.kernel_nodes:
                 # A long region keeps values in whole-batch slots between its loops.
                 self.team.serial(lambda: emit_fused(self.ctx, region, leaves, outputs))
             else:
@@ -257,7 +254,7 @@ class Lowering:
         ctx.builder.ret_void()
         ctx.entry.branch(ctx.function.blocks[1])
         calls = share_identical_functions(ctx.module, ctx.function)
-        if calls > INLINE_CALL_SITES:
+        if calls > ctx.schedule.inline_call_sites:
             for fn in ctx.module.functions:
                 if fn is not ctx.function and not fn.is_declaration:
                     fn.attributes.add("noinline")

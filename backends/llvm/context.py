@@ -20,6 +20,7 @@ from typing import Any
 from llvmlite import ir
 
 from rnnc.backends.llvm.blas import Convention
+from rnnc.backends.schedule import LlvmSchedule
 from rnnc.ir import Node
 
 ENTRY = "rnnc_run"
@@ -94,6 +95,9 @@ class Context:
     # The most multiply-adds per step a recurrent product runs on rnnc's panel kernel rather
     # than the BLAS (LlvmSchedule.own_max_work).
     own_max_work: int = 12 << 20
+    # The schedule of the build (its compiled fields: LlvmSchedule.for_build), which kernels
+    # read their tile sizes and limits from.
+    schedule: LlvmSchedule = field(default_factory=LlvmSchedule)
 
     @classmethod
     def start(cls, plan: Plan, convention: Convention, team: bool = False) -> Context:

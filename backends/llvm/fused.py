@@ -1,14 +1,14 @@
 """A fused node's region as loops: per element, or one row at a time when it reduces.
 
-:func:`emit_fused` cuts a long region into parts of at most ``KERNEL_NODES`` nodes (a value a
-later part reads goes through a workspace slot). A part without reductions is one loop nest
-per output shape, evaluated per element (:mod:`rnnc.backends.llvm.region`). A part with
-reductions over the feature axis (``sum``, ``mean``, ``amax``, ``amin``) is computed row by
-row: the leading (row) dims of all its values broadcast to one row shape, ``(B,)`` in the loop
-or ``(T, B)`` outside it (:func:`row_shape`; codegen lowers a region without one node by
-node). The kernel is one loop nest over the rows; for each row it emits, in dependence
-order, one loop over the row per reduction, then one loop per output width that computes the
-region's outputs::
+:func:`emit_fused` cuts a long region into parts of at most ``LlvmSchedule.kernel_nodes``
+nodes (a value a later part reads goes through a workspace slot). A part without reductions
+is one loop nest per output shape, evaluated per element (:mod:`rnnc.backends.llvm.region`).
+A part with reductions over the feature axis (``sum``, ``mean``, ``amax``, ``amin``) is
+computed row by row: the leading (row) dims of all its values broadcast to one row shape,
+``(B,)`` in the loop or ``(T, B)`` outside it (:func:`row_shape`; codegen lowers a region
+without one node by node). The kernel is one loop nest over the rows; for each row it
+emits, in dependence order, one loop over the row per reduction, then one loop per output
+width that computes the region's outputs::
 
     for each row r:
         m = 0;  for j < n: m += x[r, j]                    mean of the row
@@ -39,7 +39,6 @@ from rnnc.backends.llvm import scalar
 from rnnc.backends.llvm.context import I64, Buffer, Context, Shape
 from rnnc.backends.llvm.kernels import Kernel
 from rnnc.backends.llvm.region import (
-    KERNEL_NODES,
     Reads,
     Region,
     Span,
@@ -275,12 +274,13 @@ def fusible(region: GraphSteps) -> bool:
     return not reduces(nodes) or row_shape(nodes) is not None
 
 
-def per_element_nest(region: GraphSteps) -> bool:
+def per_element_nest(region: GraphSteps, kernel_nodes: int) -> bool:
     """Whether :func:`emit_fused` computes ``region`` as one nest of per-element loops, which
     a span of columns can restrict (no value goes through a workspace slot or a row's
-    reduction, either of which another column would read)."""
+    reduction, either of which another column would read) of at most ``kernel_nodes``
+    nodes (LlvmSchedule.kernel_nodes)."""
     nodes = [step.node for step in region.steps if step.op not in (ARG, ops.constant)]
-    return fusible(region) and len(nodes) <= KERNEL_NODES and not reduces(nodes)
+    return fusible(region) and len(nodes) <= kernel_nodes and not reduces(nodes)
 
 
 def _emit_part(ctx: Context, nodes: Mapping[int, Node], members: list[int],
@@ -294,27 +294,28 @@ def _emit_part(ctx: Context, nodes: Mapping[int, Node], members: list[int],
 
 def emit_fused(ctx: Context, region: GraphSteps, leaves: dict[int, Buffer],
                outputs: dict[int, Buffer], span: Span | None = None) -> None:
-    """Emit a :func:`fusible` region as loops of at most ``KERNEL_NODES`` nodes each; with
+    """Emit a :func:`fusible` region as loops of at most ``kernel_nodes`` nodes each; with
     ``span`` (a :func:`per_element_nest` region), only at the span's columns of each output.
 
     The nodes are cut into consecutive parts of their topological order; a value that a
     later part reads is stored by its own part into a workspace slot, which the later
     part loads. A typical cell's region is one part: one loop nest, nothing stored."""
-    assert span is None or per_element_nest(region), "a span needs one per-element nest"
+    kernel_nodes = ctx.schedule.kernel_nodes
+    assert span is None or per_element_nest(region, kernel_nodes), "a span needs one nest"
     nodes = {step.slot: step.node for step in region.steps}
     order = [step.slot for step in region.steps if step.slot not in leaves
              and step.op not in (ARG, ops.constant)]
-    if len(order) <= KERNEL_NODES:
+    if len(order) <= kernel_nodes:
         _emit_part(ctx, nodes, order, leaves, outputs, span)
         return
-    part = {nid: k // KERNEL_NODES for k, nid in enumerate(order)}
+    part = {nid: k // kernel_nodes for k, nid in enumerate(order)}
     last_reader: dict[int, int] = {}  # node id -> the last part that reads it
     for step in region.steps:
         for i in step.inputs:
             last_reader[i] = max(last_reader.get(i, -1), part.get(step.slot, -1))
     stored: dict[int, Buffer] = dict(leaves)
-    for first in range(0, len(order), KERNEL_NODES):
-        members = order[first:first + KERNEL_NODES]
+    for first in range(0, len(order), kernel_nodes):
+        members = order[first:first + kernel_nodes]
         here = part[members[0]]
         reads = {i for nid in members for i in nodes[nid].inputs if i in stored}
         # Outputs that are no part's node (a constant) are written with the first part.

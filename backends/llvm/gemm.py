@@ -9,16 +9,16 @@ object code stays valid in another process, where the libraries load elsewhere.
 
 rnnc's own kernels serve the recurrent step, ``out = a @ w`` with few rows, on one core:
 
-- up to :data:`SMALL_ROWS` rows, an axpy-form loop (the BLAS call overhead and its small-M
-  path cost more than streaming the weights once);
+- up to ``LlvmSchedule.gemm_small_rows`` rows, an axpy-form loop (the BLAS call overhead and
+  its small-M path cost more than streaming the weights once);
 - at small and moderate batch the panel kernel: a threaded BLAS spends more time meeting than
   multiplying, and re-packs ``w`` on every call. The panel kernel packs ``w`` once per sequence
   (at the first step of each call) into column panels of ``2 * lanes`` columns stored
   contiguously, so a panel streams through L1 without the 4 KiB-stride set conflicts of
-  reading a row-major matrix down a column; it then keeps a tile of ``ROWS`` x ``2 * lanes``
-  results in vector registers over the whole ``k`` loop, loading two vectors of the panel and
-  broadcasting ``ROWS`` entries of ``a`` per ``k``. It needs ``n`` to be a multiple of
-  ``2 * lanes``; other shapes use the BLAS.
+  reading a row-major matrix down a column; it then keeps a tile of ``gemm_row_block`` x
+  ``2 * lanes`` results in vector registers over the whole ``k`` loop, loading two vectors of
+  the panel and broadcasting ``gemm_row_block`` entries of ``a`` per ``k``. It needs ``n`` to
+  be a multiple of ``2 * lanes``; other shapes use the BLAS.
 """
 
 from __future__ import annotations
@@ -34,14 +34,12 @@ from rnnc.backends.llvm.context import I8, I8P, I32, I64, Buffer, Context
 from rnnc.backends.llvm.kernels import Kernel, emit_loop
 from rnnc.backends.steps import NUMPY_DTYPES
 
-# Up to this many rows, a GEMM runs in the axpy-form kernel instead of the BLAS.
-SMALL_ROWS = 2
-# How many multiply-adds per step the panel kernel takes before the BLAS does is the schedule's
-# (LlvmSchedule.panel_max_work, .one_core_panel_max_work; Context.own_max_work in a build).
-ROWS = 6  # row block: 2 * ROWS accumulators + 2 weight vectors + 1 broadcast fit in 32 zmm
-# Panel rows per chunk: 2 * lanes * K_CHUNK values (32 KiB) stay in L1 across row tiles.
-K_CHUNK = 256
-GEMM_ENTRY = 3  # uint64 words per GEMM site in the table the runner passes
+# How many rows run in the axpy-form kernel, the panel kernel's row block and chunk of panel
+# rows, and how many multiply-adds per step it takes before the BLAS does are the schedule's
+# (LlvmSchedule.gemm_small_rows, .gemm_row_block, .gemm_k_chunk, .panel_max_work; a build
+# reads them from Context.schedule and Context.own_max_work).
+# uint64 words per GEMM site in the table the runner passes: a fact of its layout.
+GEMM_ENTRY = 3
 
 
 def _scalar_type(dtype: np.dtype | type) -> ir.Type:
@@ -281,6 +279,7 @@ class _PanelKernel:
     def __init__(self, ctx: Context, k_size: int, n: int, transposed: bool) -> None:
         self.k_size, self.n, self.transposed = k_size, n, transposed
         self.L = lanes(ctx)
+        self.row_block, self.k_chunk = ctx.schedule.gemm_row_block, ctx.schedule.gemm_k_chunk
         self.vec = ir.VectorType(ctx.scalar, self.L)
         self.vptr = self.vec.as_pointer()
         ptr = ctx.scalar.as_pointer()
@@ -330,26 +329,26 @@ class _PanelKernel:
 
     def panel(self, col: ir.Value) -> None:
         """Every row of the output's columns ``col .. col + 2L``, by chunks of
-        :data:`K_CHUNK` rows of the panel (one chunk stays in L1 while every row tile reads
+        ``gemm_k_chunk`` rows of the panel (one chunk stays in L1 while every row tile reads
         it); the sums go on in the same order as with one chunk."""
-        b, k_size = self.b, self.k_size
-        if k_size <= K_CHUNK:
+        b, k_size, chunk = self.b, self.k_size, self.k_chunk
+        if k_size <= chunk:
             self.chunk(col, _c(0), k_size, True)
             return
-        self.chunk(col, _c(0), K_CHUNK, True)
-        emit_loop(b, _c(K_CHUNK), _c(k_size), K_CHUNK,
-                  lambda k0: self.chunk(col, k0, K_CHUNK, False))
-        if k_size % K_CHUNK:
-            self.chunk(col, _c(k_size - k_size % K_CHUNK), k_size % K_CHUNK, False)
+        self.chunk(col, _c(0), chunk, True)
+        emit_loop(b, _c(chunk), _c(k_size), chunk,
+                  lambda k0: self.chunk(col, k0, chunk, False))
+        if k_size % chunk:
+            self.chunk(col, _c(k_size - k_size % chunk), k_size % chunk, False)
 
     def chunk(self, col: ir.Value, k0: ir.Value, kc: int, first: bool) -> None:
-        """Panel rows ``k0 .. k0 + kc`` for every row, in tiles of ``ROWS`` rows."""
-        b = self.b
-        end = emit_loop(b, _c(0), self.rows, ROWS,
-                        lambda r0: self.tile(r0, ROWS, col, k0, kc, first))
-        # The rows left over (fewer than ROWS) as one tile of their own height.
+        """Panel rows ``k0 .. k0 + kc`` for every row, in tiles of ``gemm_row_block`` rows."""
+        b, rows = self.b, self.row_block
+        end = emit_loop(b, _c(0), self.rows, rows,
+                        lambda r0: self.tile(r0, rows, col, k0, kc, first))
+        # The rows left over (fewer than a row block) as one tile of their own height.
         left = b.sub(self.rows, end)
-        for height in range(1, ROWS):
+        for height in range(1, rows):
             with b.if_then(b.icmp_signed("==", left, _c(height))):
                 self.tile(end, height, col, k0, kc, first)
 

@@ -32,11 +32,6 @@ from rnnc.backends.llvm.context import I64, Buffer, Context, Shape
 from rnnc.backends.llvm.kernels import Kernel, emit_loop
 from rnnc.ir import Node
 
-# A fused region of more nodes is emitted as several loops, each at most this many nodes: the
-# compile time of one loop body grows faster than linearly with its size (a 1,000-op body took
-# 17 s), while storing and reloading a value between loops costs little.
-KERNEL_NODES = 128
-
 
 def per_element(op: ops.Op) -> bool:
     """Whether a region evaluates ``op`` element by element (reductions need a node's loop)."""

@@ -56,7 +56,7 @@ def _matmul_f32(ctx: Context, node: Node, out: Buffer, a: Buffer, b: Buffer) -> 
         _own_or_blas(ctx, rows, a, b, out, n, k, transposed, blas)
         return
     builder = ctx.builder
-    small = builder.icmp_signed("<=", rows, ir.Constant(rows.type, gemm.SMALL_ROWS))
+    small = builder.icmp_signed("<=", rows, ir.Constant(rows.type, ctx.schedule.gemm_small_rows))
     with builder.if_else(small) as (few_rows, many_rows):
         with few_rows:
             gemm.emit_small_gemm(ctx, rows, a, b, out)

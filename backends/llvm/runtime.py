@@ -108,8 +108,10 @@ class Runner(backends.Runner):
         choice, dims = [], {"T": T, "B": B}
         for _, _, sizes in (plan or self.plan).gemms:
             m, n, k = (int(np.prod(resolve(d, dims), dtype=np.int64)) for d in sizes)
-            choice.append(autotune.choose_for_site(m, n, k, self.dtype, names,
-                                                   cache_dir=self.tuning_dir))
+            choice.append(autotune.choose_for_site(
+                m, n, k, self.dtype, names, cache_dir=self.tuning_dir,
+                bounds=(self.schedule.blas_one_thread_max_work,
+                        self.schedule.blas_all_threads_min_work)))
         return choice
 
     def _gemm_table(self, T: int, B: int, plan: Plan | None = None) -> np.ndarray:
@@ -145,7 +147,8 @@ class Runner(backends.Runner):
             return None
         return split.scan_form(B * self.scan_width, self.dtype.itemsize, T, self.threads,
                                (self.schedule.scan_thread_min_bytes,
-                                self.schedule.scan_chunk_min_steps))
+                                self.schedule.scan_chunk_min_steps,
+                                self.schedule.scan_workspace_bytes))
 
     def _team_function(self) -> tuple[cache.Compiled, Any]:
         with self._team_lock:

@@ -26,10 +26,10 @@ the results are bitwise those of one thread. On larger teams the carries are com
 another order than one thread's loop: the results agree within rounding, and are the same on
 every run of a team of the same size.
 
-The workspace is one fixed slot of :data:`WORKSPACE_BYTES` shared by every chunked scan of a
-program, :data:`BUFFERS_PER_THREAD` column vectors per thread (``A``, ``V``, the carry-in and
-the running value), so a team of ``N`` chunks a scan of ``columns`` columns only where
-:func:`fits`; pages of the slot that no thread touches cost no memory.
+The workspace is one fixed slot of ``LlvmSchedule.scan_workspace_bytes`` shared by every
+chunked scan of a program, :data:`BUFFERS_PER_THREAD` column vectors per thread (``A``,
+``V``, the carry-in and the running value), so a team of ``N`` chunks a scan of ``columns``
+columns only where :func:`fits`; pages of the slot that no thread touches cost no memory.
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ from rnnc.backends.llvm.scan import emit_linear_scan_columns, operand_strides
 from rnnc.backends.schedule import LlvmSchedule
 from rnnc.ir import Node
 
-WORKSPACE_BYTES = 4 << 20
+# Column vectors a thread keeps in the workspace (A, V, the carry-in, the running value): a
+# fact of the algorithm. The workspace's size is the schedule's (scan_workspace_bytes).
 BUFFERS_PER_THREAD = 4
 # The smallest normal float and double: a product of coefficients below it is flushed to 0,
 # since arithmetic on subnormal numbers is many times slower and the carry it scales is
@@ -52,9 +53,10 @@ BUFFERS_PER_THREAD = 4
 _TINY = {"f32": 1.1754943508222875e-38, "f64": 2.2250738585072014e-308}
 
 
-def fits(columns: int, threads: int, itemsize: int) -> bool:
-    """Whether the workspace holds a team of ``threads`` chunking a scan of ``columns``."""
-    return threads * BUFFERS_PER_THREAD * columns * itemsize <= WORKSPACE_BYTES
+def fits(columns: int, threads: int, itemsize: int, workspace: int) -> bool:
+    """Whether a workspace of ``workspace`` bytes holds a team of ``threads`` chunking a scan
+    of ``columns``."""
+    return threads * BUFFERS_PER_THREAD * columns * itemsize <= workspace
 
 
 def chunk_bounds(steps: int, threads: int, weight: int | None = None) -> list[int]:

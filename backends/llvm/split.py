@@ -40,7 +40,8 @@ def panel_work(node: Node, a: tuple, w: tuple, width: int) -> int:
     return n * k if isinstance(n, int) and isinstance(k, int) and n % width == 0 else 0
 
 
-def unit_readers(steps: Sequence[Step], width: int) -> dict[int, tuple[int, int]]:
+def unit_readers(steps: Sequence[Step], width: int, kernel_nodes: int
+                 ) -> dict[int, tuple[int, int]]:
     """For each fused step that a team computes together with a product by hidden units, by
     its slot: the product's slot and the units ``H`` of one gate.
 
@@ -59,7 +60,7 @@ def unit_readers(steps: Sequence[Step], width: int) -> dict[int, tuple[int, int]
             continue
         first = next((s for s in steps[k + 1:] if step.slot in s.inputs), None)
         if first is None or first.op is not FUSED or first.slot in readers \
-                or not per_element_nest(first.region):
+                or not per_element_nest(first.region, kernel_nodes):
             continue
         names = {first.region.args[i] for i, slot in enumerate(first.inputs) if slot == step.slot}
         units = {unit_width(first.node.attrs["region"], name) for name in names}
@@ -97,17 +98,17 @@ def scan_work(program: Program) -> tuple[int, int]:
 
 
 def scan_form(columns: int, itemsize: int, steps: int, threads: int,
-              limits: tuple[int, int]) -> str | None:
+              limits: tuple[int, int, int]) -> str | None:
     """How a team of ``threads`` splits a ``linear_scan`` of ``columns`` columns (``B`` times
-    its features) over ``steps`` steps, ``limits`` being ``(bytes, steps)``: ``"columns"``
-    where each thread's columns of a step make at least ``bytes``; else ``"steps"`` where
-    there are at least ``steps`` steps a thread and the workspace holds the team
+    its features) over ``steps`` steps, ``limits`` being ``(bytes, steps, workspace bytes)``:
+    ``"columns"`` where each thread's columns of a step make at least ``bytes``; else
+    ``"steps"`` where there are at least ``steps`` steps a thread and the workspace holds the team
     (:func:`scan_chunks.fits <rnnc.backends.llvm.scan_chunks.fits>`); else None, where a
     team gains nothing (the generated code, which makes the same choice, then splits it by
     columns)."""
-    least_bytes, least_steps = limits
+    least_bytes, least_steps, workspace = limits
     if columns * itemsize >= threads * least_bytes:
         return "columns"
-    if steps >= threads * least_steps and scan_chunks.fits(columns, threads, itemsize):
+    if steps >= threads * least_steps and scan_chunks.fits(columns, threads, itemsize, workspace):
         return "steps"
     return None

@@ -48,7 +48,7 @@ from rnnc.backends.llvm import gemm
 from rnnc.backends.llvm.context import I32, I64, Buffer, Context
 from rnnc.backends.llvm.region import Span, emit_copy
 from rnnc.backends.llvm.scan import emit_linear_scan_columns
-from rnnc.backends.llvm.scan_chunks import BUFFERS_PER_THREAD, WORKSPACE_BYTES, emit_chunked_scan
+from rnnc.backends.llvm.scan_chunks import BUFFERS_PER_THREAD, emit_chunked_scan
 from rnnc.ir import Node
 
 STATE_WORDS = 8
@@ -202,7 +202,7 @@ class Team:
             self._scan_columns(node, (out, *operands), work, total)
         else:
             if self.chunk_space is None:
-                self.chunk_space = ctx.slot((WORKSPACE_BYTES // ctx.itemsize,))
+                self.chunk_space = ctx.slot((ctx.schedule.scan_workspace_bytes // ctx.itemsize,))
             self.chunked_scans += 1
             with b.if_else(self._by_steps(total)) as (by_steps, by_columns):
                 with by_steps:
@@ -247,7 +247,8 @@ class Team:
         narrow = b.icmp_signed("<", size_bytes, b.mul(self.size, _c(least_bytes)))
         long = b.icmp_signed(">=", ctx.T, b.mul(self.size, _c(least_steps)))
         space = b.mul(b.mul(self.size, _c(BUFFERS_PER_THREAD)), size_bytes)
-        return b.and_(narrow, b.and_(long, b.icmp_signed("<=", space, _c(WORKSPACE_BYTES))))
+        fits = b.icmp_signed("<=", space, _c(ctx.schedule.scan_workspace_bytes))
+        return b.and_(narrow, b.and_(long, fits))
 
     def _scan_barrier(self) -> None:
         """The barrier of threads 1 .. N-1 in a scan split over its steps."""

@@ -22,7 +22,8 @@ import pytest
 
 import rnnc
 from rnnc.backends.cuda import plan as plan_module
-from rnnc.backends.cuda.graphs import GRAPH_STEPS, EmulatedGraph, Replay
+from rnnc.backends.cuda.graphs import EmulatedGraph, Replay
+from rnnc.backends.schedule import CudaSchedule
 
 SIZES = (3, 4)
 
@@ -325,21 +326,22 @@ def _graph_bytes(replay: Replay) -> int:
 
 @pytest.mark.parametrize("mode", ["inference", "forward"])
 def test_graphs_of_a_long_loop_hold_k_steps_whatever_t(mode: str) -> None:
-    """A loop longer than GRAPH_STEPS replays a graph of GRAPH_STEPS steps T / GRAPH_STEPS
+    """A loop longer than graph_steps (K) replays a graph of K steps T / K
     times: its graphs (before the loop, the first span, the middle spans, the last span,
     after the loop) keep no more host memory at T = 10**5 than at 10**3."""
     _, _, runner = _lstm_runner(mode)
+    graph_steps = CudaSchedule().graph_steps
     for steps in (10**3, 10**5):
         _Counted.launches = 0
         _, plan = _plan_bytes(runner, steps)
         replay = Replay(plan, _Counted)
         replay()
         size = _graph_bytes(replay)
-        spans = math.ceil(steps / GRAPH_STEPS)
+        spans = math.ceil(steps / graph_steps)
         assert replay.whole is None and len(replay.spans) <= 3
         assert _Counted.launches == spans + sum(g is not None for g in replay.around)
         per_step = sum(replay.plan.per_step(1).values())
-        assert all(len(g.nodes) <= GRAPH_STEPS * (per_step + 1) for g in replay.spans.values())
+        assert all(len(g.nodes) <= graph_steps * (per_step + 1) for g in replay.spans.values())
         if steps == 10**3:
             short = size
     assert 0 < size <= 1.1 * short, (short, size)
@@ -366,3 +368,22 @@ def test_spans_of_graphs_replay_the_plan_s_results(mode: str, reverse: bool) -> 
         for name in ("h", "c"):
             np.testing.assert_allclose(plan.results[f"{name}.final"], want_finals[name],
                                        rtol=1e-5, atol=1e-6)
+
+
+def test_the_schedule_s_graph_steps_sets_the_length_of_a_graph() -> None:
+    """CudaSchedule(graph_steps=4): an emulated call of 11 steps replays graphs of 4 steps
+    (a first, a middle and a last span), not one graph of the whole call as at the default
+    K = 256, and returns the oracle's results."""
+    cell = rnnc.cells.lstm(*SIZES)
+    oracle = rnnc.compile(cell, optimize=False)
+    fn = rnnc.compile(cell, backend="cuda", emulate=True, fused_step="never",
+                      schedule=CudaSchedule(graph_steps=4))
+    x, p = _inputs(cell, T=11, B=3, seed=3)
+    for _ in range(2):
+        got, finals = fn(x, p)
+    (plan,) = [plan for key, plan in _runner(fn).plans.plans.items() if key[:2] == (11, 3)]
+    assert plan.replay.steps == 4 and plan.replay.whole is None and len(plan.replay.spans) == 2
+    want, want_finals = oracle(x, p)
+    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-5, atol=1e-6)
+    for name in ("h", "c"):
+        np.testing.assert_allclose(finals[name], want_finals[name], rtol=1e-5, atol=1e-6)

@@ -168,7 +168,8 @@ def test_form_at_the_default_thresholds() -> None:
     assert (defaults.scan_team_min_work, defaults.scan_thread_min_bytes,
             defaults.scan_chunk_min_steps, defaults.scan_chunk_min_work) == \
         (1 << 21, 4096, 64, 1 << 23)
-    limits = (defaults.scan_thread_min_bytes, defaults.scan_chunk_min_steps)
+    limits = (defaults.scan_thread_min_bytes, defaults.scan_chunk_min_steps,
+              defaults.scan_workspace_bytes)
     assert split.scan_form(512, 4, 4096, 2, limits) == "steps"
     assert split.scan_form(2048, 4, 4096, 2, limits) == "columns"
     assert split.scan_form(512, 4, 127, 2, limits) is None

@@ -63,6 +63,15 @@ def test_a_build_reads_only_its_fields() -> None:
     (lambda: CudaSchedule(persistent_max_blocks=True), "persistent_max_blocks must be"),
     (lambda: CudaSchedule(scan_columns=64, scan_chunks=32), "at most 1024 threads"),
     (lambda: CudaSchedule(block_threads=2048), "block_threads must be from 1 to 1024"),
+    (lambda: LlvmSchedule(gemm_row_block=0), "gemm_row_block must be at least 1"),
+    (lambda: LlvmSchedule(kernel_nodes=0), "kernel_nodes must be at least 1"),
+    (lambda: LlvmSchedule(scan_workspace_bytes=-1), "scan_workspace_bytes must be a whole"),
+    (lambda: LlvmSchedule(blas_one_thread_max_work=None), "blas_one_thread_max_work must be"),
+    (lambda: CudaSchedule(graph_steps=0), "graph_steps must be at least 1"),
+    (lambda: CudaSchedule(tile_depths=(8, 16, 1)), "tile_depths must be a tuple of whole"),
+    (lambda: CudaSchedule(tile_depths=(4, 2)), "deepest first, ending in 1"),
+    (lambda: CudaSchedule(tile_max_units=24), "tile_max_units \\(a power of two\\)"),
+    (lambda: CudaSchedule(tile_row_threads=64, tile_max_units=32), "make 1 to 1024 threads"),
 ])
 def test_bad_fields_are_named(make, message) -> None:
     with pytest.raises(RnncValueError, match=message):

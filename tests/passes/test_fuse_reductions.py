@@ -313,13 +313,13 @@ def _deep_cell(depth: int) -> rnnc.Cell:
 
 def test_a_long_region_with_reductions_is_cut_into_parts() -> None:
     pytest.importorskip("llvmlite")
-    from rnnc.backends.llvm.region import KERNEL_NODES
+    from rnnc.backends.schedule import LlvmSchedule
 
     cell = _deep_cell(40)
     fn = rnnc.compile(cell, backend="llvm", cache_dir=False)
     (region,) = [n.attrs["region"] for n in fn.program("inference").scan.body.nodes()
                  if n.op is FUSED]
-    assert len(region) > KERNEL_NODES
+    assert len(region) > LlvmSchedule().kernel_nodes
     _matches_oracle(cell, fn)
 
 

@@ -137,8 +137,13 @@ def test_dump_schedule_prints_how_the_backend_runs_each_program(backend, field, 
     assert field in forward
     if backend == "cuda":  # a backward program keeps its GEMMs: derived per program
         assert "fused_step = 'never'" in backward
+        assert "tile_depths = (16, 8, 4, 2, 1)" in forward
+        assert "graph_steps = 256  (per call)" in forward
     if backend == "llvm":
         assert "team_min_work = 4194304  (per call)" in forward
+        for line in ("gemm_row_block = 6", "gemm_k_chunk = 256", "kernel_nodes = 128",
+                     "scan_workspace_bytes = 4194304", "blas_all_threads_min_work = 134217728"):
+            assert line in forward
 
 
 def _fake_dot(folder) -> str:
