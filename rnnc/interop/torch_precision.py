@@ -46,7 +46,9 @@ def call_precision(module: Any, x: torch.Tensor) -> tuple[str, torch.dtype | Non
         precision, out = "bf16", None
     else:
         precision, out = built, None
-    module.layer.backend_options["precision"] = precision
+    options = module.layer.backend_options
+    if options.get("precision", "fp32") != precision:  # written only on a change: under
+        options["precision"] = precision  # torch.compile a write is a side effect to guard
     return precision, out
 
 

@@ -111,20 +111,14 @@ def test_llvm_bf16_on_the_panel_kernel_blas_and_a_team() -> None:
         np.testing.assert_allclose(got["y"], oracle["y"], rtol=1e-4, atol=1e-5)
 
 
-def test_llvm_bf16_gradients_on_a_team(monkeypatch, team_calls) -> None:
+def test_llvm_bf16_gradients_on_a_team(team_calls) -> None:
     """The backward's g @ W^T products pack W^T, each thread its own panels, on a team of
     three: the gradients of x (24 columns: one partial panel) and h (40: two, one partial),
     from the 160 gate columns (K=160, five pair-row blocks)."""
-    try:  # the team threshold is a Schedule field where rnnc.backends.schedule exists
-        from rnnc.backends.schedule import LlvmSchedule
+    from rnnc.backends.schedule import LlvmSchedule
 
-        options = {"schedule": LlvmSchedule(threads=3, team_min_work=0)}
-    except ImportError:
-        from rnnc.backends.llvm import runtime
-
-        monkeypatch.setattr(runtime, "TEAM_MIN_WORK", 0)
-        options = {"threads": 3}
-    _agree(rnnc.cells.lstm(24, 40), "llvm", team=True, **options)
+    schedule = LlvmSchedule(threads=3, team_min_work=0)  # the team at any size
+    _agree(rnnc.cells.lstm(24, 40), "llvm", team=True, schedule=schedule)
     assert 3 in team_calls
 
 
