@@ -41,6 +41,10 @@ def _operands(cell: rnnc.Cell, function) -> list:
         return [[x, h]]
     if function is dsl.FUNCTIONS["bernoulli"]:  # a probability and a value to take the shape of
         return [0.5, x]
+    if function is dsl.FUNCTIONS["einsum"]:  # a spec, then the operands
+        return ["i,i->i", x, h]
+    if function is dsl.FUNCTIONS["reshape"]:  # a value, then its new feature shape
+        return [x, (3, 1)]
     member = elementwise.MEMBERS.get(function.__name__)
     if member is not None and member.attributes:  # operands, then the constant attributes
         return [x, h, x][:member.op.arity] + [member.test_attrs[a] for a in member.attributes]
