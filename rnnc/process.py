@@ -49,12 +49,18 @@ DISK_CACHE_MB = 2048
 # In-memory LLVM code caches kept at once, one per cache directory (least recently used first
 # out; a compiled function keeps its own code, so eviction never breaks one).
 CODE_CACHE_DIRECTORIES = 8
+# Loaded LLVM programs one in-memory code cache keeps, whatever their bytes (least recently
+# used first out). Each loaded program maps its code and data sections, about three memory
+# mappings; Linux gives a process 65530 (vm.max_map_count) and LLVM aborts the process when it
+# cannot map a section, so the count is bounded: 8 directories x 512 programs is about 12,000.
+CODE_CACHE_PROGRAMS = 512
 # GEMM library choices the LLVM backend remembers (one per GEMM shape; oldest first out).
 GEMM_CHOICES = 4096
 # Every bound above, by the cache it bounds.
 CACHE_BOUNDS = {"optimized programs": "PASS_CACHE_PROGRAMS",
                 "layer functions": "LAYER_CACHE_FUNCTIONS",
                 "LLVM code in memory, per directory (MiB)": "CODE_CACHE_MB",
+                "LLVM programs in memory, per directory": "CODE_CACHE_PROGRAMS",
                 "LLVM code cache directories": "CODE_CACHE_DIRECTORIES",
                 "GEMM choices": "GEMM_CHOICES",
                 "one disk cache directory (MiB)": "DISK_CACHE_MB"}

@@ -218,7 +218,8 @@ class _Build:
 
 class CodeCache:
     """Compiled programs by key: in memory for this process (an LRU bounded by ``limit``
-    bytes), and on disk under ``root/llvm`` (``root`` None: memory only)."""
+    bytes and ``process.CODE_CACHE_PROGRAMS`` programs), and on disk under ``root/llvm``
+    (``root`` None: memory only)."""
 
     def __init__(self, root: Path | None, limit: int = DEFAULT_MEMORY_BYTES) -> None:
         self.root = root
@@ -279,8 +280,10 @@ class CodeCache:
         self._evict()
 
     def _evict(self) -> None:
-        # An entry larger than the whole bound is not kept either.
-        while self.bytes > self.limit and self._memory:
+        # An entry larger than the whole bound is not kept either; nor more programs than
+        # process.CODE_CACHE_PROGRAMS (each holds memory mappings, which a process has few of).
+        while (self.bytes > self.limit or len(self._memory) > process.CODE_CACHE_PROGRAMS) \
+                and self._memory:
             _, dropped = self._memory.popitem(last=False)
             self.bytes -= dropped.nbytes
 

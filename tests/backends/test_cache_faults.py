@@ -635,6 +635,27 @@ def test_memory_cache_stays_within_its_bound(tmp_path: Path) -> None:
     assert 0 < len(found._memory) < 10
 
 
+def _mappings() -> int:
+    with open("/proc/self/maps") as maps:
+        return sum(1 for _ in maps)
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="counts Linux's mappings")
+def test_memory_cache_keeps_a_bounded_number_of_programs(tmp_path: Path, monkeypatch) -> None:
+    """Small programs fit the bytes bound by the thousand, but each loaded program maps its
+    sections (about three mappings) and LLVM aborts the process when Linux refuses one more
+    (vm.max_map_count, 65530): the cache also bounds how many programs it keeps."""
+    from rnnc import process
+
+    monkeypatch.setattr(process, "CODE_CACHE_PROGRAMS", 4)
+    found = _compile_and_drop(2, 64, tmp_path)  # warm: imports, target machine, BLAS
+    before = _mappings()
+    found = _compile_and_drop(30, 64, tmp_path)
+    assert len(found._memory) == 4
+    # Without the count bound every one of the 30 stays loaded: about 90 more mappings.
+    assert _mappings() - before < 30
+
+
 @pytest.mark.slow
 def test_two_hundred_cells_compiled_and_dropped(monkeypatch) -> None:
     shared = cache.code_cache(None)
