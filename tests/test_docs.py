@@ -18,6 +18,8 @@ import io
 import os
 import re
 import shlex
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,12 +93,15 @@ def run_python(code: str, where: str, tmp_path: Path, monkeypatch: pytest.Monkey
         pytest.importorskip("torch")
     work = tmp_path / "cwd"
     work.mkdir(exist_ok=True)
-    monkeypatch.chdir(work)
-    monkeypatch.setenv("RNNC_CACHE_DIR", str(tmp_path / "cache"))
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(code, where, "exec"), {"__name__": "__main__"})
-    return out.getvalue()
+    script = work / "block.py"
+    script.write_text(f"# {where}\n{code}")
+    env = {**os.environ, "RNNC_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    # A fresh interpreter, as a reader pastes the block, rather than this long-lived worker.
+    done = subprocess.run([sys.executable, str(script)], cwd=work, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, f"{where} failed:\n{done.stderr}"
+    return done.stdout
 
 
 def _source_output(path: Path, block: Block, tmp_path: Path,
