@@ -32,7 +32,7 @@ from rnnc.backends.cuda.fused_step import (
 )
 from rnnc.backends.cuda.kernels import kernel_source
 from rnnc.backends.cuda.persistent import PersistentKernel, persistent_kernel
-from rnnc.backends.cuda.rows import row_kernel_source, row_shape
+from rnnc.backends.cuda.rows import row_kernel_source, row_shape, row_threads
 from rnnc.backends.cuda.rules import CudaRenderer
 from rnnc.backends.cuda.scan import chunked_kernel, scan_kernel
 from rnnc.backends.schedule import CudaSchedule
@@ -53,7 +53,7 @@ class Launch:
     inputs: tuple[int, ...]
     shapes: tuple[Shape, ...]  # one per result
     fused: bool  # results form a tuple that ``get`` nodes pick from
-    per_row: bool = False  # one thread per row of the results (a region that reduces)
+    per_row: int = 0  # the threads of a block per row of the results (a region that reduces)
     # A linear_scan's chunked kernel (same arguments), which the host launches instead where
     # the sizes of a call favour it (scan.chunked_geometry); "" for every other launch.
     chunked: str = ""
@@ -150,15 +150,17 @@ class _Kernels:
         else:
             region, operands = single_node_region(nodes, step, self.renderer.dtype)
             comment = step.op.name
-        per_row = row_shape(region) is not None
+        per_row = row_threads(region) if row_shape(region) is not None else 0
         if per_row:
             text = row_kernel_source("@KERNEL@", region, self.renderer,
-                                     comment + ", one thread per row")
+                                     comment + ", one block per row")
         else:
             text = kernel_source("@KERNEL@", region, self.renderer, comment)
         shapes = tuple(tuple(region.node(o).shape) for o in region.outputs.values())
-        return Launch(step.slot, self.name(text), tuple(operands), shapes, step.op is FUSED,
-                      per_row)
+        name = self.name(text)
+        if per_row:
+            self.barriers.add(name)
+        return Launch(step.slot, name, tuple(operands), shapes, step.op is FUSED, per_row)
 
 
 def graph_steps(graph: GraphSteps, kernels: _Kernels,
@@ -228,9 +230,10 @@ def render(program: Program | ProgramSteps, prefix: str = "k_", fused_step: str 
     header = (f"// rnnc: CUDA kernels of one program ({renderer.ctype}).\n"
               f"// One thread per output element, grid-stride loops; sizes T and B at run time.\n")
     if module.barriers:
-        header += ("// Kernels with shared memory and __syncthreads(): a fused step's (one block "
-                   "per tile of rows and\n// hidden units) and a chunked linear_scan's (one block "
-                   "per tile of columns and chunks of steps).\n")
+        header += ("// Kernels with shared memory and __syncthreads(): a reducing region's (one "
+                   "block per row), a fused\n// step's (one block per tile of rows and hidden "
+                   "units) and a chunked linear_scan's (one block\n// per tile of columns and "
+                   "chunks of steps).\n")
     module.prelude = renderer.prelude()
     if any(pair.bf16 for pair in pairs.values()):
         module.prelude += bf16.DEVICE_HELPERS  # the fused steps' bfloat16 loads

@@ -197,10 +197,11 @@ class Host:
                              step.transpose_a, step.transpose_b, step.precision)
             return out
         outs = [destination((step.node, k), shape) for k, shape in enumerate(step.shapes)]
-        # One thread per element, or per row (every result of a row kernel has the same rows).
+        # One thread per element, or a block per row (a row kernel's results share their rows).
         total = max(int(np.prod(o.shape[:-1] if step.per_row else o.shape)) for o in outs)
         if total:
-            block = self.how.block_threads
+            block = step.per_row or self.how.block_threads
+            total *= block if step.per_row else 1
             kernel, grid = step.kernel, min((total + block - 1) // block, self.how.max_blocks)
             # A linear_scan: its chunked kernel where these sizes favour it (scan.py).
             chunked = step.chunked and chunked_geometry(int(size_args[0]),

@@ -1,34 +1,44 @@
-"""The CUDA C kernel of a region that reduces over the feature axis: one thread per row.
+"""The CUDA C kernel of a region that reduces over the feature axis: one block per row.
 
 A region holding ``sum``, ``mean``, ``amax`` or ``amin`` whose results all have the same
-leading (row) dims, and whose every value broadcasts to them, runs with one thread per row.
-The thread computes each reduction of its row once, in a loop over the row inside the thread,
-before the loops that write the row's results; a reduction that reads another's result reads
-the temporary the first left (layer norm's mean, then its variance)::
+leading (row) dims, and whose every value broadcasts to them, runs with one block of
+:func:`row_threads` threads per row (a grid-stride loop over rows when they outnumber the
+blocks). Each reduction of the row is computed once, in dependence order, before the loops that
+write the row's results: every thread accumulates the columns ``threadIdx.x + j * RT``, then
+the block combines the partial results through shared memory in a tree, and every thread reads
+the result; a reduction that reads another's result reads that temporary (layer norm's mean,
+then its variance)::
 
-    for (long long idx = ...; idx < total; idx += stride) {
-        const long long row = idx;
+    __shared__ float red[128];
+    for (long long row = blockIdx.x; row < total; row += gridDim.x) {
         float acc0 = 0.0f;
-        for (long long k1 = 0; k1 < 16; ++k1) {
-            const float v0 = in0[row * 16 + k1];
+        for (long long k1 = threadIdx.x; k1 < 2048; k1 += 128) {
+            const float v0 = in0[row * 2048 + k1];
             acc0 += v0;
         }
-        const float v1 = (acc0 / 16.0f);                     // mean of the row
+        red[threadIdx.x] = acc0;
+        __syncthreads();
+        for (int s2 = 64; s2 > 0; s2 >>= 1) {
+            if (threadIdx.x < s2) red[threadIdx.x] = red[threadIdx.x] + red[threadIdx.x + s2];
+            __syncthreads();
+        }
+        const float acc3 = red[0];
+        __syncthreads();
+        const float v1 = (acc3 / 2048.0f);                   // mean of the row
         ...                                                  // variance, reading v1
-        for (long long col = 0; col < 16; ++col) {
-            const float v6 = in0[row * 16 + col];
-            const float v7 = (v6 - v1);
+        for (long long col = threadIdx.x; col < 2048; col += 128) {
+            const float v6 = in0[row * 2048 + col];
             ...
-            out0[row * 16 + col] = v9;
+            out0[row * 2048 + col] = v9;
         }
     }
 
-No shared memory and no warp intrinsics: the emulator runs the threads one after another.
-The elementwise operands of a reduction are recomputed inside its loop, except one that other
-values of the region read too, which the loop also stores in a small local array of the row
-(:class:`RowWriter`). Any other region, and a region whose results have different rows, gets
-the one-thread-per-element kernel of :mod:`.kernels` (which computes a reduction per element
-that reads it).
+Every thread of a block reaches every barrier: the row loop's bounds are the block's, and the
+reductions are computed at the row's level, outside any loop over columns (a loop nested in a
+column's value, as an einsum's, stays a loop inside the thread). The emulator runs these
+kernels on fibers (:mod:`.cooperative`). Any other region, and a region whose results have
+different rows, gets the one-thread-per-element kernel of :mod:`.kernels` (which computes a
+reduction per element that reads it).
 """
 
 from __future__ import annotations
@@ -37,7 +47,6 @@ from collections.abc import Callable
 
 from rnnc import ops
 from rnnc.backends.cuda.kernels import (
-    GRID_LOOP,
     KernelWriter,
     Scope,
     broadcast_row,
@@ -48,80 +57,60 @@ from rnnc.backends.cuda.kernels import (
 )
 from rnnc.backends.cuda.rules import CudaRenderer
 from rnnc.errors import ShapeError
-from rnnc.ir import ARG, Graph, Node, Shape
+from rnnc.ir import ARG, Graph, Shape
 from rnnc.op_types import broadcast_shapes
 
 REDUCTIONS = frozenset({ops.sum_, ops.mean, ops.amax, ops.amin})
-# The most bytes of a thread's local memory that staged rows may take: a GPU reserves a
-# kernel's local memory for every thread it can hold, so it stays small.
-STAGE_BYTES = 1024
+# The block of a row: at least a warp, at most this many threads, about four columns each.
+MAX_ROW_THREADS = 256
+SCRATCH = "red"  # the block's shared array of partial results
+
+
+def row_threads(region: Graph) -> int:
+    """The threads of a row's block: a power of two from 32 to :data:`MAX_ROW_THREADS`, about
+    a quarter of the widest value of ``region``."""
+    widest = max(width(node.shape) for node in region.nodes())
+    threads = 32
+    while threads < MAX_ROW_THREADS and threads * 4 < widest:
+        threads *= 2
+    return threads
 
 
 class RowWriter(KernelWriter):
-    """A kernel writer for one row per thread that keeps some reductions' operands.
+    """A kernel writer for one block per row: a reduction at the row's level is shared by the
+    block's threads, each accumulating a strided part of the row, then combined in a tree."""
 
-    An operand of a reduction that other values of the region also read (and that is not an
-    operand of the kernel) is stored in a local array of the row while its reduction's loop
-    runs; every later read of it loads the array instead of computing it again, so a chain of
-    normalizations (each reading the one before) stays linear in size."""
-
-    def __init__(self, renderer: CudaRenderer, region: Graph, pointers: dict[int, str]) -> None:
+    def __init__(self, renderer: CudaRenderer, region: Graph, pointers: dict[int, str],
+                 threads: int) -> None:
         super().__init__(renderer, region, pointers)
-        self.candidates = _stage_candidates(region, 4 if renderer.dtype == "f32" else 8)
-        self.staged: dict[int, str] = {}  # node id -> its local array
-        self.stage_next: str | None = None  # the array the next loop's terms go to
-
-    def _lookup(self, key: tuple[int, str, str]) -> str | None:
-        if key[0] in self.staged:
-            return f"{self.staged[key[0]]}[{key[2]}]"
-        return super()._lookup(key)
-
-    def render(self, node: Node, row: str, col: str) -> str:
-        operand = node.inputs[0] if node.op in REDUCTIONS else None
-        if operand not in self.candidates or operand in self.staged:
-            return super().render(node, row, col)
-        array = self.fresh("stage")
-        self.emit(f"{self.r.ctype} {array}[{width(self.region.node(operand).shape)}];")
-        self.stage_next = array  # a reduction's rule opens its loop first
-        expr = super().render(node, row, col)
-        self.staged[operand] = array
-        return expr
+        self.threads = threads
 
     def loop(self, count: str, term: Callable[[str], str],
              combine: Callable[[str, str], str] | None = None, init: str | None = None) -> str:
-        array, self.stage_next = self.stage_next, None
-        if array is None:
+        if len(self.scopes) != 1:  # inside a column's value: the thread's own loop
             return super().loop(count, term, combine, init)
-
-        def staged(k: str) -> str:
-            value = term(k)
-            self.emit(f"{array}[{k}] = {value};")
-            return value
-
-        return super().loop(count, staged, combine, init)
-
-
-def _stage_candidates(region: Graph, itemsize: int) -> set[int]:
-    """The reduction operands a row kernel keeps: computed in the region, read by more than
-    their reduction (or a result), within :data:`STAGE_BYTES` together."""
-    readers: dict[int, int] = {}
-    for node in region.nodes():
-        for i in set(node.inputs):
-            readers[i] = readers.get(i, 0) + 1
-    outputs = set(region.outputs.values())
-    chosen: set[int] = set()
-    room = STAGE_BYTES
-    for node in region.nodes():
-        if node.op not in REDUCTIONS:
-            continue
-        x = region.node(node.inputs[0])
-        size = width(x.shape) * itemsize
-        if x.id in chosen or x.op in (ARG, ops.constant) or width(x.shape) == 1 or size > room:
-            continue
-        if readers[x.id] > 1 or x.id in outputs:
-            chosen.add(x.id)
-            room -= size
-    return chosen
+        acc, k = self.fresh("acc"), self.fresh("k")
+        self.emit(f"{self.r.ctype} {acc} = {self.r.zero if init is None else init};")
+        block = Scope(f"for (long long {k} = threadIdx.x; {k} < {count}; {k} += "
+                      f"{self.threads}) {{", k)
+        root = self.scopes[0]
+        root.open_loop(block)
+        self.scopes.append(block)
+        value = term(k)
+        self.emit(f"{acc} += {value};" if combine is None else f"{acc} = {combine(acc, value)};")
+        self.scopes.pop()
+        root.close_loop()
+        mine, other = f"{SCRATCH}[threadIdx.x]", f"{SCRATCH}[threadIdx.x + {{s}}]"
+        step, total = self.fresh("s"), self.fresh("acc")
+        both = (f"{mine} + {other}" if combine is None else combine(mine, other))
+        for line in (f"{mine} = {acc};", "__syncthreads();",
+                     f"for (int {step} = {self.threads // 2}; {step} > 0; {step} >>= 1) {{",
+                     f"    if (threadIdx.x < {step}) {mine} = {both.format(s=step)};",
+                     "    __syncthreads();", "}",
+                     f"const {self.r.ctype} {total} = {SCRATCH}[0];",
+                     "__syncthreads();"):  # before the scratch is written again
+            self.emit(line)
+        return total
 
 
 def row_shape(region: Graph) -> Shape | None:
@@ -142,12 +131,13 @@ def row_shape(region: Graph) -> Shape | None:
 
 
 def row_kernel_source(name: str, region: Graph, renderer: CudaRenderer, comment: str) -> str:
-    """One kernel computing every output of ``region``, one thread per row
-    (:func:`row_shape` must not be None)."""
+    """One kernel computing every output of ``region``, one block of :func:`row_threads`
+    threads per row (:func:`row_shape` must not be None)."""
     rows = row_shape(region)
     assert rows is not None, "a row kernel needs a region that reduces, with one row shape"
     pointers = {nid: f"in{i}" for i, nid in enumerate(region.args().values())}
-    writer = RowWriter(renderer, region, pointers)
+    threads = row_threads(region)
+    writer = RowWriter(renderer, region, pointers, threads)
     outputs = list(region.outputs.values())
     root = Scope()
     writer.scopes = [root]
@@ -160,16 +150,20 @@ def row_kernel_source(name: str, region: Graph, renderer: CudaRenderer, comment:
     for w, members in widths.items():
         if w == 1:
             for k in members:
-                writer.emit(f"out{k}[row] = {writer.value(outputs[k], 'row', '0')};")
+                value = writer.value(outputs[k], "row", "0")
+                writer.emit(f"if (threadIdx.x == 0) out{k}[row] = {value};")
             continue
         # Values of the row (reductions and what reads only them) go before the loop.
-        loop = Scope(f"for (long long col = 0; col < {w}; ++col) {{", "col")
+        loop = Scope(f"for (long long col = threadIdx.x; col < {w}; col += {threads}) {{",
+                     "col")
         root.open_loop(loop)
         writer.scopes.append(loop)
         for k in members:
             writer.emit(f"out{k}[row * {w} + col] = {writer.value(outputs[k], 'row', 'col')};")
         writer.scopes.pop()
         root.close_loop()
-    body = [f"    const long long total = {product(rows)};", *GRID_LOOP,
-            "        const long long row = idx;", *root.lines(2), "    }", "}"]
+    body = [f"    __shared__ {renderer.ctype} {SCRATCH}[{threads}];",
+            f"    const long long total = {product(rows)};",
+            "    for (long long row = blockIdx.x; row < total; row += gridDim.x) {",
+            *root.lines(2), "    }", "}"]
     return kernel_head(name, region, renderer, comment) + "\n".join(body) + "\n"
