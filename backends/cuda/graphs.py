@@ -119,6 +119,35 @@ class Replay:
         return [graph for graph in made if graph is not None]
 
 
+def capture(cupy: Any, stream: Any, plan: Plan, steps: int) -> Replay | None:
+    """The plan as CUDA graphs of at most ``steps`` loop steps on ``stream`` (the first ones
+    captured now, the loop's other spans on first use), or None, saying why in
+    ``plan.capture_error``, where they cannot be captured."""
+    stream.synchronize()
+    graphs = Replay(plan, lambda nodes: DeviceGraph(cupy, stream, nodes), steps)
+    try:
+        graphs.prepare()
+    except Exception as err:
+        plan.capture_error = _why(err)
+        return None
+    return graphs
+
+
+def replay(plan: Plan) -> None:
+    """Launch the plan's graphs; where a span's capture fails, run the plan call by call from
+    its start (it reads only its inputs) and keep doing so for this shape."""
+    try:
+        plan.graph()
+    except Exception as err:
+        plan.graph, plan.capture_error = None, _why(err)
+        plan.run()
+
+
+def _why(err: Exception) -> str:
+    """A failed capture's error and the call it failed in (its notes), on one line."""
+    return " ".join([f"{type(err).__name__}: {err}", *getattr(err, "__notes__", [])])
+
+
 class DeviceGraph:
     """A CUDA graph captured on ``stream`` from ``nodes`` and instantiated (GPU only)."""
 
@@ -139,7 +168,11 @@ class DeviceGraph:
         runtime.streamBeginCapture(stream, getattr(runtime, "streamCaptureModeRelaxed", 2))
         try:
             for func, args, kwargs in nodes:
-                func(*args, **kwargs)
+                try:
+                    func(*args, **kwargs)
+                except Exception as err:
+                    err.add_note(f"capturing {describe(func)}")
+                    raise
         except BaseException:
             try:
                 runtime.graphDestroy(runtime.streamEndCapture(stream))
@@ -167,6 +200,15 @@ class DeviceGraph:
                 self.runtime.graphExecDestroy(instance)
             except Exception:  # the context may be gone at interpreter exit
                 pass
+
+
+def describe(func: Any) -> str:
+    """A graph node's function in words: a kernel's name, or the callable's qualified name."""
+    name = getattr(func, "name", None) or getattr(func, "__qualname__", None)
+    owner = getattr(getattr(func, "__self__", None), "__class__", None)
+    if name is None and owner is not None:
+        name = f"{owner.__name__}.{getattr(func, '__name__', '?')}"
+    return str(name or type(func).__name__)
 
 
 class _UpdateResultInfo(ctypes.Structure):

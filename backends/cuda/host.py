@@ -34,6 +34,7 @@ import numpy as np
 from rnnc import ops
 from rnnc.backends.buffers import BufferPlan, GraphBuffers, plan_buffers
 from rnnc.backends.cuda import bf16
+from rnnc.backends.cuda.blas import Cublas, DeviceGemm
 from rnnc.backends.cuda.codegen import Gemm, Module, Work
 from rnnc.backends.cuda.fused_step import FusedStep
 from rnnc.backends.cuda.persistent import PersistentLaunch, record_persistent
@@ -117,6 +118,7 @@ class Host:
                  how: CudaSchedule | None = None) -> None:
         self.xp = xp
         self.how = how or CudaSchedule()  # launch geometry, when a scan takes its chunked kernel
+        self.blas: Cublas | bool | None = None  # the GEMMs' handle on a GPU (False: none)
         self.persistent = persistent
         self.schedule = schedule
         self.kernels = kernels
@@ -252,6 +254,13 @@ class Host:
         """``out = a @ b`` on 2-D views; transpose_a contracts every leading axis of a and b;
         ``precision="bf16"`` in bfloat16 with float32 sums (:mod:`.bf16`)."""
         matmul = bf16.matmul_for(self.xp) if precision == BF16 else self.xp.matmul
+        if self.blas is None and getattr(self.xp, "__name__", "") == "cupy":
+            self.blas = Cublas.make(self.xp) or False
+        if self.blas:  # a GPU: cuBLAS that CUDA graphs capture (.blas)
+            tf32 = self.how.precision == "tf32" and self.dtype == np.float32
+            matmul = DeviceGemm(self.blas, self.dtype, BF16 if precision == BF16 else
+                                "tf32" if tf32 else None, matmul,
+                                bf16.matmul_for(self.xp).round if precision == BF16 else None)
         a2 = a.reshape(-1, a.shape[-1])
         if transpose_a:
             plan.record(at, matmul, a2.T, b.reshape(-1, b.shape[-1]), out=out)

@@ -237,6 +237,7 @@ class Plan:
     entries: list[Entry] = field(default_factory=list)
     graph: Any = None  # the captured CUDA graph, once there is one (GPU only)
     captured: bool = False  # capture was tried (it may have failed: graph stays None)
+    capture_error: str = ""  # why the capture failed: the call and the error
     staging: dict[tuple[str, str], Any] = field(default_factory=dict)  # pinned host buffers
     path: str = ""  # the launch path that made it: "gemm", "fused" or "persistent"
     loop: Loop | None = None  # the time loop's steps, where they run one by one

@@ -19,8 +19,8 @@ and copies the results out. Calls on one runner take turns.
 kernels and creates the cuBLAS handle, which cannot happen inside a capture) the plan is
 captured as CUDA graphs of at most ``CudaSchedule.graph_steps`` loop steps, replayed span by
 span (:mod:`.graphs`), so their size does not grow with T. If the capture fails, that shape runs
-its plan call by call; emulation replays the same graphs from host memory. ``graph=False``
-launches every call of the plan from Python on every call.
+its plan call by call (``launch_report()`` says why); emulation replays the same graphs from
+host memory. ``graph=False`` launches every call of the plan from Python on every call.
 
 ``fused_step`` chooses how a step of the loop runs its recurrent product where the region
 reading it is unit-local (:mod:`.fused_step`): ``"never"`` keeps a cuBLAS GEMM and an
@@ -53,7 +53,7 @@ from rnnc.backends.cuda import autotune
 from rnnc.backends.cuda import precision as precision_module
 from rnnc.backends.cuda.codegen import Module, render
 from rnnc.backends.cuda.device import CudaDevice, EmulatedArray
-from rnnc.backends.cuda.graphs import DeviceGraph, EmulatedGraph, Replay
+from rnnc.backends.cuda.graphs import EmulatedGraph, Replay, capture, replay
 from rnnc.backends.cuda.host import Host
 from rnnc.backends.cuda.persistent import PersistentLaunch, resident_blocks
 from rnnc.backends.cuda.plan import Plan, Plans, shape_key
@@ -280,7 +280,7 @@ class Runner:
         """Per shape this runner keeps a plan for: its sizes, the launch path, how the path
         was chosen ("timed", "disk cache", or "fused_step" for a fixed mode), the host seconds
         choosing added to the first call, each timed candidate's median and each dropped one's
-        reason, and whether a CUDA graph replays the plan."""
+        reason, and whether a CUDA graph replays the plan (or why its capture failed)."""
         with self._lock:
             kept = list(self.plans.plans.items())
         rows = []
@@ -292,7 +292,8 @@ class Runner:
                          "times_ms": dict(tuning.times_ms) if tuning else {},
                          "dropped": dict(tuning.dropped) if tuning else {},
                          "graph": plan.graph is not None,
-                         "capture_failed": plan.captured and plan.graph is None})
+                         "capture_failed": plan.captured and plan.graph is None,
+                         "capture_error": plan.capture_error})
         return rows
 
     def _emulated(self, plan: Plan, env: Mapping[str, Any], on_device: bool) -> dict[str, Any]:
@@ -328,12 +329,12 @@ class Runner:
             else:
                 self.backend.cupy.copyto(plan.inputs[name], value)
         if plan.graph is not None:
-            self._replay(plan)
+            replay(plan)
         else:
             plan.run()
             if self.backend.graph and not plan.captured:
                 plan.captured = True
-                plan.graph = self._capture(stream, plan)
+                plan.graph = capture(self.backend.cupy, stream, plan, self.schedule.graph_steps)
         if on_device:
             results = {name: value.copy() for name, value in plan.results.items()}
             self._count(env, {})
@@ -359,27 +360,6 @@ class Runner:
         """Bytes copied to the device (host arrays of ``env``) and back (``results``)."""
         self.transfers = {"to_device": sum(v.nbytes for v in env.values() if _on_host(v)),
                           "to_host": sum(v.nbytes for v in results.values())}
-
-    def _capture(self, stream: Any, plan: Plan) -> Replay | None:
-        """The plan as CUDA graphs on ``stream`` (the first ones captured now, the loop's
-        other spans on first use), or None if this CuPy cannot capture it."""
-        stream.synchronize()
-        cupy, steps = self.backend.cupy, self.schedule.graph_steps
-        replay = Replay(plan, lambda nodes: DeviceGraph(cupy, stream, nodes), steps)
-        try:
-            replay.prepare()
-        except Exception:
-            return None
-        return replay
-
-    def _replay(self, plan: Plan) -> None:
-        """Launch the plan's graphs; where a span's capture fails, run the plan call by call
-        from its start (it reads only its inputs) and keep doing so for this shape."""
-        try:
-            plan.graph()
-        except Exception:
-            plan.graph = None
-            plan.run()
 
 
 def _hosts(xp: Any, schedule: ProgramSteps, module: Module, kernels: Mapping[str, Any],

@@ -1,0 +1,207 @@
+"""cuBLAS GEMMs that a CUDA graph can capture: the library called through ctypes.
+
+CuPy refuses every cuBLAS call while a stream captures (its binding's ``setStream`` raises
+``NotImplementedError: calling cuBLAS API during stream capture is currently unsupported``), so
+a plan whose GEMMs went through ``cupy.matmul`` could never become a CUDA graph. cuBLAS itself
+supports capture once its handle has a workspace of its own (the cuBLAS guide, "CUDA Graphs
+Support"), so on a GPU each :class:`~.host.Host` makes its GEMMs through :class:`Cublas`: its own
+handle, bound to the stream of the call and given a workspace before any capture, and
+``cublasGemmEx`` on the operands where they lie, with nothing allocated per call.
+
+A GEMM of row-major 2-D views ``out (m, n) = a (m, k) @ b (k, n)`` is the column-major
+``out^T = b^T a^T``. A row-major view whose rows are contiguous is, read column-major, its own
+transpose (operation N, leading dimension its row stride); a transposed view of one (columns
+contiguous) is the matrix itself (operation T, leading dimension its column stride).
+:func:`operand` makes that choice; tests/backends/test_cuda_blas.py checks it against NumPy by
+reading the operands as column-major memory, as cuBLAS does.
+
+A bfloat16 GEMM (:mod:`.bf16`) rounds each operand into bits the call site owns (one launch of
+the rounding kernel on the contiguous array under the view) and multiplies them with float32
+sums. Where the library cannot be loaded, the GEMMs go through CuPy as before and the plans run
+call by call (``launch_report()`` says why).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+from typing import Any
+
+import numpy as np
+
+CUDA_R_32F, CUDA_R_64F, CUDA_R_16BF = 0, 1, 14  # cudaDataType_t
+COMPUTE_32F, COMPUTE_64F, COMPUTE_32F_FAST_TF32 = 68, 70, 77  # cublasComputeType_t
+OP_N, OP_T = 0, 1
+GEMM_DEFAULT = -1
+# The handle's workspace: what the cuBLAS guide asks for on Hopper (32 MiB), enough elsewhere.
+WORKSPACE_BYTES = 32 << 20
+
+
+def operand(x: Any) -> tuple[int, int] | None:
+    """(operation, leading dimension) that makes cuBLAS read the row-major 2-D view ``x`` as
+    ``x^T`` in column-major terms; None where neither its rows nor its columns are
+    contiguous (it would need a copy)."""
+    rows, cols = x.shape
+    s0, s1 = (s // x.itemsize for s in x.strides)
+    if (s1 == 1 or cols == 1) and (rows == 1 or s0 >= cols):
+        return OP_N, max(s0 if rows > 1 else cols, 1)
+    if (s0 == 1 or rows == 1) and (cols == 1 or s1 >= rows):
+        return OP_T, max(s1 if cols > 1 else rows, 1)
+    return None
+
+
+def gemm_arguments(a: Any, b: Any, out: Any) -> tuple | None:
+    """``(op_b, op_a, n, m, k, ld_b, ld_a, ld_out)`` of ``out = a @ b`` as cublasGemmEx's
+    column-major ``out^T = b^T a^T``; None where an operand needs a copy or ``out`` is not
+    row-major with contiguous rows."""
+    (m, k), n = a.shape, b.shape[1]
+    oa, ob, oc = operand(a), operand(b), operand(out)
+    if oa is None or ob is None or oc is None or oc[0] != OP_N:
+        return None
+    return ob[0], oa[0], n, m, k, ob[1], oa[1], oc[1]
+
+
+def _loaded_path(name: str) -> str | None:
+    """The file of the shared library ``name`` this process has mapped, if any."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split()[-1]
+                if path.rsplit("/", 1)[-1].startswith(name + ".so"):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+@functools.cache
+def library() -> Any:
+    """libcublas: the one CuPy loaded (after its first cuBLAS call), else the loader's; None
+    where there is none."""
+    candidates = [_loaded_path("libcublas"), ctypes.util.find_library("cublas"),
+                  "libcublas.so.13", "libcublas.so.12", "libcublas.so"]
+    for path in candidates:
+        if not path:
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        if hasattr(lib, "cublasGemmEx") and hasattr(lib, "cublasSetWorkspace_v2"):
+            return lib
+    return None
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"cuBLAS {what} failed with status {status}")
+
+
+class Cublas:
+    """A cuBLAS handle of rnnc's own, with its own workspace, for GEMMs that graphs capture;
+    made outside any capture (``Cublas.make`` returns None where cuBLAS cannot be loaded)."""
+
+    def __init__(self, cupy: Any, lib: Any) -> None:
+        self.cupy, self.lib = cupy, lib
+        handle = ctypes.c_void_p()
+        _check(lib.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate")
+        self.handle = handle
+        self.workspace = cupy.empty(WORKSPACE_BYTES, np.uint8)
+        self.stream: int | None = None  # the stream the handle is bound to
+        self.scalars = {np.float32: (np.ones((), np.float32), np.zeros((), np.float32)),
+                        np.float64: (np.ones((), np.float64), np.zeros((), np.float64))}
+
+    @classmethod
+    def make(cls, cupy: Any) -> Cublas | None:
+        cupy.cuda.device.get_cublas_handle()  # CuPy loads libcublas (found in the maps)
+        lib = library()
+        return None if lib is None else cls(cupy, lib)
+
+    def bind(self) -> None:
+        """Bind the handle to the current stream, with its workspace again (setting a stream
+        resets the workspace to cuBLAS's own pool); a call on the same stream does nothing."""
+        stream = self.cupy.cuda.get_current_stream().ptr
+        if stream == self.stream:
+            return
+        _check(self.lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(stream)),
+               "cublasSetStream")
+        _check(self.lib.cublasSetWorkspace_v2(self.handle,
+                                              ctypes.c_void_p(self.workspace.data.ptr),
+                                              ctypes.c_size_t(WORKSPACE_BYTES)),
+               "cublasSetWorkspace")
+        self.stream = stream
+
+    def gemm(self, a: Any, b: Any, out: Any, arguments: tuple, data: int, compute: int
+             ) -> None:
+        """``out = a @ b`` with :func:`gemm_arguments`' ``arguments``; ``data`` the operands'
+        cudaDataType (the result's is float32 for bfloat16 operands)."""
+        op_b, op_a, n, m, k, ld_b, ld_a, ld_out = arguments
+        if m == 0 or n == 0:
+            return
+        if k == 0:
+            out.fill(0)
+            return
+        self.bind()
+        result = CUDA_R_64F if data == CUDA_R_64F else CUDA_R_32F
+        one, zero = self.scalars[np.float64 if compute == COMPUTE_64F else np.float32]
+        _check(self.lib.cublasGemmEx(
+            self.handle, op_b, op_a, n, m, k, ctypes.c_void_p(one.ctypes.data),
+            ctypes.c_void_p(b.data.ptr), data, ld_b, ctypes.c_void_p(a.data.ptr), data, ld_a,
+            ctypes.c_void_p(zero.ctypes.data), ctypes.c_void_p(out.data.ptr), result, ld_out,
+            compute, GEMM_DEFAULT), "cublasGemmEx")
+
+    def __del__(self) -> None:
+        handle = getattr(self, "handle", None)
+        if handle:
+            try:
+                self.lib.cublasDestroy_v2(handle)
+            except Exception:  # the context may be gone at interpreter exit
+                pass
+
+
+class DeviceGemm:
+    """One call site's ``matmul(a, b, out=)`` through :class:`Cublas`, in the program's dtype
+    (``tf32``: float32 in TF32), or in bfloat16 with float32 sums (``bf16``: each operand
+    rounded into bits this site owns); falls back to ``fallback`` (CuPy) where an operand's
+    layout needs a copy."""
+
+    def __init__(self, blas: Cublas, dtype: Any, precision: str | None, fallback: Any,
+                 round_kernel: Any = None) -> None:
+        self.blas, self.fallback, self.round = blas, fallback, round_kernel
+        self.bf16 = precision == "bf16"
+        self.bits: dict[tuple[int, tuple], Any] = {}  # per operand and shape: its bits
+        if np.dtype(dtype) == np.float64:
+            self.data, self.compute = CUDA_R_64F, COMPUTE_64F
+        else:
+            self.data = CUDA_R_16BF if self.bf16 else CUDA_R_32F
+            self.compute = COMPUTE_32F_FAST_TF32 if precision == "tf32" else COMPUTE_32F
+
+    def _rounded(self, which: int, x: Any) -> Any | None:
+        """The bfloat16 bits of ``x`` in this site's own array, laid out as ``x`` (rounded
+        from the contiguous array under the view); None where neither order is contiguous."""
+        base, flip = (x, False) if x.flags.c_contiguous else (x.T, True)
+        if not base.flags.c_contiguous:
+            return None
+        key = (which, tuple(base.shape))
+        bits = self.bits.get(key)
+        if bits is None:  # made on the first (eager) call, never inside a capture
+            bits = self.bits[key] = self.blas.cupy.empty(base.shape, np.uint16)
+        if base.size:
+            self.round((min((base.size + 255) // 256, 4096),), (256,),
+                       (base, bits, np.int64(base.size)))
+        return bits.T if flip else bits
+
+    def __call__(self, a: Any, b: Any, out: Any) -> Any:
+        if self.bf16:
+            a16, b16 = self._rounded(0, a), self._rounded(1, b)
+            arguments = None if a16 is None or b16 is None else gemm_arguments(a16, b16, out)
+            if arguments is not None:
+                self.blas.gemm(a16, b16, out, arguments, self.data, self.compute)
+                return out
+        else:
+            arguments = gemm_arguments(a, b, out)
+            if arguments is not None:
+                self.blas.gemm(a, b, out, arguments, self.data, self.compute)
+                return out
+        return self.fallback(a, b, out=out)
