@@ -1,7 +1,7 @@
 """Time rnnc's CUDA backend against cuDNN, jax.lax.scan and a PyTorch eager loop on one GPU.
 
 ``python benchmarks/cuda_vs_cudnn.py [--configs C1,C2,C3,C4] [--cells lstm,gru,ln_lstm,...]
-[--modes inference,training] [--no-graph] [--precision tf32]``
+[--modes inference,training] [--no-graph] [--precision tf32|bf16]``
 
 Configurations C1-C4 of docs/benchmarks.md, float32, inference and training (forward + backward
 of sum(y)); medians (min-max) of ``--reps`` timed calls after ``--warmup`` calls, each ended by
@@ -16,6 +16,10 @@ gets device-resident data:
 - ``cudnn``: ``nn.LSTM`` / ``nn.GRU`` on CUDA tensors (LSTM and GRU only);
 - ``jax``: ``jax.lax.scan`` under ``jax.jit`` on JAX's GPU (where JAX has one);
 - ``eager``: a Python loop of the same cell in PyTorch on CUDA tensors.
+
+``--precision bf16`` compiles rnnc with ``precision="bf16"`` and runs cuDNN and the eager loop
+under ``torch.autocast(dtype=torch.bfloat16)``, the same semantics (docs/precision.md); JAX has
+no such switch and is left out.
 
 Needs CuPy, PyTorch with CUDA and a GPU, and exits saying what is missing. ``--emulate --size
 tiny`` runs the same code on the CPU instead (rnnc in emulation, peers on the CPU) as a smoke
@@ -163,16 +167,29 @@ def contestants(spec: bench.CellSpec, cell: str, config: bench.Config, mode: str
     calls["rnnc numpy"] = lambda: numpy_call(x)
     if spec.torch_module is not None:
         peer = cudnn_call(spec, config, grid, mode, place)
-        calls["cudnn"] = lambda: peer(x_torch)
-    if bench.peers.jax_available() and (place.emulate or _jax_on_gpu()):
+        calls["cudnn"] = _autocast(lambda: peer(x_torch), place, options)
+    bf16 = options.get("precision") == "bf16"
+    if not bf16 and bench.peers.jax_available() and (place.emulate or _jax_on_gpu()):
         import jax.numpy as jnp
 
         jax_fn, _ = jax_call(spec, config, grid, mode)
         x_jax = jnp.asarray(x)
         calls["jax"] = lambda: jax_fn(x_jax)
     eager, _ = torch_eager_call(spec, config, grid, mode, place.torch_device)
-    calls["eager"] = lambda: eager(x_torch)
+    calls["eager"] = _autocast(lambda: eager(x_torch), place, options)
     return calls
+
+
+def _autocast(call: Callable[[], Any], place: Place, options: dict) -> Callable[[], Any]:
+    """``call`` under ``torch.autocast`` to bfloat16 when rnnc runs ``precision="bf16"``."""
+    if options.get("precision") != "bf16":
+        return call
+    torch = place.torch
+
+    def cast() -> Any:
+        with torch.autocast(place.torch_device, dtype=torch.bfloat16):
+            return call()
+    return cast
 
 
 def _jax_on_gpu() -> bool:
@@ -192,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-graph", dest="graph", action="store_false",
                         help="launch each call's plan from Python (graph=False) instead of "
                              "replaying it as a CUDA graph, the default")
-    parser.add_argument("--precision", choices=("highest", "tf32"), default="highest")
+    parser.add_argument("--precision", choices=("highest", "tf32", "bf16"),
+                        default="highest")
     parser.add_argument("--emulate", action="store_true",
                         help="smoke test on the CPU: rnnc emulated, peers on the CPU")
     args = parser.parse_args(argv)
