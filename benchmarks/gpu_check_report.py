@@ -56,7 +56,8 @@ def to_markdown(data: dict[str, Any]) -> str:
              "tuning s", "first call ms", "steady ms", "timed (ms)", "dropped"],
             [[p["config"], p["cell"], p["mode"], p["program"], p["T"], p["B"], p["path"],
               p["chosen_by"], "yes" if p["graph"] else
-              ("capture failed" if p["capture_failed"] else "no"), f"{p['tuning_s']:.3f}",
+              (f"capture failed: {p.get('capture_error') or '?'}" if p["capture_failed"]
+               else "no"), f"{p['tuning_s']:.3f}",
               _ms(p["first_call_ms"]), _ms(p["steady_ms"]),
               ", ".join(f"{k} {_ms(v)}" for k, v in p["times_ms"].items()),
               "; ".join(f"{k}: {v}" for k, v in p["dropped"].items())]
