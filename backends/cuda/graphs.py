@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import types
 from collections.abc import Callable, Hashable
 from typing import Any, Protocol
 
@@ -203,12 +204,18 @@ class DeviceGraph:
 
 
 def describe(func: Any) -> str:
-    """A graph node's function in words: a kernel's name, or the callable's qualified name."""
-    name = getattr(func, "name", None) or getattr(func, "__qualname__", None)
-    owner = getattr(getattr(func, "__self__", None), "__class__", None)
-    if name is None and owner is not None:
-        name = f"{owner.__name__}.{getattr(func, '__name__', '?')}"
-    return str(name or type(func).__name__)
+    """A graph node's function in words: a kernel's name, a function's, a method's with its
+    class, else the callable's type."""
+    name = getattr(func, "name", None)
+    if isinstance(name, str):
+        return name
+    name = getattr(func, "__name__", None)
+    if name is None:
+        return type(func).__name__
+    owner = getattr(func, "__self__", None)
+    if owner is None or isinstance(owner, types.ModuleType):
+        return name
+    return f"{type(owner).__name__}.{name}"
 
 
 class _UpdateResultInfo(ctypes.Structure):

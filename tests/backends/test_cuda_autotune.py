@@ -284,5 +284,6 @@ def test_launch_report_names_each_shapes_path() -> None:
         assert fn.launch_report() == [
             {"program": "inference", "dtype": "f32", "lengths": False, "T": steps, "B": 2,
              "path": path, "chosen_by": "fused_step", "tuning_s": 0.0, "times_ms": {},
-             "dropped": {}, "graph": False, "capture_failed": False} for steps in (T, 2)]
+             "dropped": {}, "graph": False, "capture_failed": False, "capture_error": ""}
+            for steps in (T, 2)]
     assert rnnc.compile(cell).launch_report() == []

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from rnnc.backends.cuda.graphs import DeviceGraph, Replay
+from rnnc.backends.cuda.graphs import DeviceGraph, Replay, capture
 from rnnc.backends.cuda.plan import Entry, Plan, Slot
 
 
@@ -116,3 +116,25 @@ def test_the_device_replays_the_plan_s_calls_in_order(steps: int, span: int) -> 
     assert not runtime.graphs  # every captured graph destroyed once instantiated or used
     launches = 1 if steps <= span else 2 + spans
     assert runtime.launched == 2 * launches
+
+
+def test_a_capture_that_fails_says_why_and_the_plan_runs_call_by_call() -> None:
+    """A call that refuses to be captured (as CuPy's cuBLAS binding does) leaves no graph, the
+    stream not capturing, and the error with the call's name in ``plan.capture_error``."""
+    runtime = _Runtime()
+    stream = SimpleNamespace(ptr=7, synchronize=lambda: None)
+    cupy = SimpleNamespace(cuda=SimpleNamespace(runtime=runtime))
+    host_log: list = []
+
+    def refuse_in_capture(*args):
+        if runtime.capturing is not None:
+            raise NotImplementedError("calling cuBLAS API during stream capture is unsupported")
+        host_log.append("gemm")
+
+    plan = _plan(runtime, 3, host_log)
+    plan.record(Entry("post", "gemm"), refuse_in_capture)
+    plan.run()
+    assert capture(cupy, stream, plan, 4) is None
+    assert runtime.capturing is None and not runtime.graphs
+    assert plan.capture_error.startswith("NotImplementedError: calling cuBLAS API")
+    assert "capturing refuse_in_capture" in plan.capture_error
