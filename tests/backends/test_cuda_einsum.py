@@ -218,7 +218,7 @@ def test_kernels_of_einsum_cells_compile_to_ptx() -> None:
     """The sLSTM's kernels (its products are GEMMs) and a cell's head-wise dot product (an
     einsum kernel) and its gradients, every mode, as one module."""
     modules = []
-    for name, cell in (("slstm", rnnc.cells.slstm(4, 8, heads=2)), ("dot", heads_cell("kernel"))):
+    for name, cell in (("slstm", rnnc.cells.slstm(4, 8, heads=4)), ("dot", heads_cell("kernel"))):
         fn = rnnc.compile(cell, backend="numpy")
         for mode in ("inference", "forward", "backward"):
             module = codegen.render(fn.program(mode, "f32"), prefix=f"{name}_{mode}_k_")
