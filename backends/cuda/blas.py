@@ -15,6 +15,11 @@ contiguous) is the matrix itself (operation T, leading dimension its column stri
 :func:`operand` makes that choice; tests/backends/test_cuda_blas.py checks it against NumPy by
 reading the operands as column-major memory, as cuBLAS does.
 
+A batched product (an einsum such as ``"...hd,hde->...he"``, :mod:`.batched`) is one
+``cublasGemmStridedBatchedEx``: 3-D views ``out (H, m, n) = a (H, m, k) @ b (H, k, n)`` whose
+matrices are each laid out as above, one matrix ``stride`` apart along the first axis.
+:func:`strided_batched_arguments` maps them, checked the same way.
+
 A bfloat16 GEMM (:mod:`.bf16`) rounds each operand into bits the call site owns (one launch of
 the rounding kernel on the contiguous array under the view) and multiplies them with float32
 sums. Where the library cannot be loaded, the GEMMs go through CuPy as before and the plans run
@@ -62,6 +67,28 @@ def gemm_arguments(a: Any, b: Any, out: Any) -> tuple | None:
     return ob[0], oa[0], n, m, k, ob[1], oa[1], oc[1]
 
 
+class _Matrix:
+    """The shape and strides of one matrix of a 3-D view (what :func:`operand` reads), also
+    for a view with no matrix (a batch of 0)."""
+
+    def __init__(self, x: Any) -> None:
+        self.shape, self.strides, self.itemsize = x.shape[1:], x.strides[1:], x.itemsize
+
+
+def strided_batched_arguments(a: Any, b: Any, out: Any) -> tuple | None:
+    """``(op_b, op_a, n, m, k, ld_b, stride_b, ld_a, stride_a, ld_out, stride_out, batch)`` of
+    the batched ``out[i] = a[i] @ b[i]`` (3-D views) as cublasGemmStridedBatchedEx's
+    column-major ``out[i]^T = b[i]^T a[i]^T``, strides in elements; None where a matrix needs
+    a copy or ``out``'s are not row-major with contiguous rows."""
+    arguments = gemm_arguments(_Matrix(a), _Matrix(b), _Matrix(out))
+    if arguments is None:
+        return None
+    op_b, op_a, n, m, k, ld_b, ld_a, ld_out = arguments
+    stride_a, stride_b, stride_out = (x.strides[0] // x.itemsize for x in (a, b, out))
+    return (op_b, op_a, n, m, k, ld_b, stride_b, ld_a, stride_a, ld_out, stride_out,
+            out.shape[0])
+
+
 def _loaded_path(name: str) -> str | None:
     """The file of the shared library ``name`` this process has mapped, if any."""
     try:
@@ -88,7 +115,8 @@ def library() -> Any:
             lib = ctypes.CDLL(path)
         except OSError:
             continue
-        if hasattr(lib, "cublasGemmEx") and hasattr(lib, "cublasSetWorkspace_v2"):
+        if all(hasattr(lib, f) for f in ("cublasGemmEx", "cublasGemmStridedBatchedEx",
+                                         "cublasSetWorkspace_v2")):
             return lib
     return None
 
@@ -151,6 +179,28 @@ class Cublas:
             ctypes.c_void_p(zero.ctypes.data), ctypes.c_void_p(out.data.ptr), result, ld_out,
             compute, GEMM_DEFAULT), "cublasGemmEx")
 
+    def gemm_batched(self, a: Any, b: Any, out: Any, arguments: tuple, data: int,
+                     compute: int) -> None:
+        """``out[i] = a[i] @ b[i]`` for every ``i`` in one call, with
+        :func:`strided_batched_arguments`' ``arguments``; ``data`` as for :meth:`gemm`."""
+        op_b, op_a, n, m, k, ld_b, stride_b, ld_a, stride_a, ld_out, stride_out, batch = \
+            arguments
+        if m == 0 or n == 0 or batch == 0:
+            return
+        if k == 0:
+            out.fill(0)
+            return
+        self.bind()
+        result = CUDA_R_64F if data == CUDA_R_64F else CUDA_R_32F
+        one, zero = self.scalars[np.float64 if compute == COMPUTE_64F else np.float32]
+        strides = [ctypes.c_longlong(s) for s in (stride_b, stride_a, stride_out)]
+        _check(self.lib.cublasGemmStridedBatchedEx(
+            self.handle, op_b, op_a, n, m, k, ctypes.c_void_p(one.ctypes.data),
+            ctypes.c_void_p(b.data.ptr), data, ld_b, strides[0],
+            ctypes.c_void_p(a.data.ptr), data, ld_a, strides[1],
+            ctypes.c_void_p(zero.ctypes.data), ctypes.c_void_p(out.data.ptr), result, ld_out,
+            strides[2], batch, compute, GEMM_DEFAULT), "cublasGemmStridedBatchedEx")
+
     def __del__(self) -> None:
         handle = getattr(self, "handle", None)
         if handle:
@@ -158,6 +208,15 @@ class Cublas:
                 self.lib.cublasDestroy_v2(handle)
             except Exception:  # the context may be gone at interpreter exit
                 pass
+
+
+def data_types(dtype: Any, precision: str | None) -> tuple[int, int]:
+    """(cudaDataType of the operands, cublasComputeType) of a GEMM of ``dtype`` at
+    ``precision`` (None: the dtype's own; "tf32"; "bf16": bfloat16 operands, float32 sums)."""
+    if np.dtype(dtype) == np.float64:
+        return CUDA_R_64F, COMPUTE_64F
+    return (CUDA_R_16BF if precision == "bf16" else CUDA_R_32F,
+            COMPUTE_32F_FAST_TF32 if precision == "tf32" else COMPUTE_32F)
 
 
 class DeviceGemm:
@@ -171,11 +230,7 @@ class DeviceGemm:
         self.blas, self.fallback, self.round = blas, fallback, round_kernel
         self.bf16 = precision == "bf16"
         self.bits: dict[tuple[int, tuple], Any] = {}  # per operand and shape: its bits
-        if np.dtype(dtype) == np.float64:
-            self.data, self.compute = CUDA_R_64F, COMPUTE_64F
-        else:
-            self.data = CUDA_R_16BF if self.bf16 else CUDA_R_32F
-            self.compute = COMPUTE_32F_FAST_TF32 if precision == "tf32" else COMPUTE_32F
+        self.data, self.compute = data_types(dtype, precision)
 
     def _rounded(self, which: int, x: Any) -> Any | None:
         """The bfloat16 bits of ``x`` in this site's own array, laid out as ``x`` (rounded
@@ -205,3 +260,20 @@ class DeviceGemm:
                 self.blas.gemm(a, b, out, arguments, self.data, self.compute)
                 return out
         return self.fallback(a, b, out=out)
+
+
+class DeviceBatchedGemm:
+    """One call site's batched ``matmul(a, b, out=)`` on 3-D views through :class:`Cublas`:
+    one cublasGemmStridedBatchedEx for every matrix of the batch, in the program's dtype
+    (``tf32``: float32 in TF32); ``fallback`` (CuPy) where a matrix's layout needs a copy."""
+
+    def __init__(self, blas: Cublas, dtype: Any, precision: str | None, fallback: Any) -> None:
+        self.blas, self.fallback = blas, fallback
+        self.data, self.compute = data_types(dtype, precision)
+
+    def __call__(self, a: Any, b: Any, out: Any) -> Any:
+        arguments = strided_batched_arguments(a, b, out)
+        if arguments is None:
+            return self.fallback(a, b, out=out)
+        self.blas.gemm_batched(a, b, out, arguments, self.data, self.compute)
+        return out

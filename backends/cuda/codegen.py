@@ -3,14 +3,15 @@
 A region that reduces over the feature axis gets a kernel with one thread per row
 (:mod:`.rows`), any other one thread per element (:mod:`.kernels`).
 
-:func:`render` walks the program's schedule (:mod:`rnnc.backends.steps`) and gives each
-step that does work a :class:`Launch` of a kernel (written by :mod:`.kernels`) or a
-:class:`Gemm`. Matmuls are not kernels: the runtime runs them as GEMMs, except a loop body's
-product that a fused step computes together with the region reading it (:mod:`.fused_step`):
-that pair becomes one :class:`~.fused_step.FusedStep`. ``fused_step`` chooses: "never" renders
-the GEMM path only, "always" the fused path only, "auto" both (the body's GEMM path in
-``Module.gemm_body``, the fused one in ``Module.steps``), so a runner can time them. "auto" and
-"persistent" also write the persistent kernel of the whole loop where it applies
+:func:`render` walks the program's schedule (:mod:`rnnc.backends.steps`) and gives each step
+that does work a :class:`Launch` of a kernel (written by :mod:`.kernels`) or a :class:`Gemm`.
+Matmuls are not kernels: the runtime runs them as GEMMs, except a loop body's product that a
+fused step computes together with the region reading it (:mod:`.fused_step`): that pair becomes
+one :class:`~.fused_step.FusedStep`. An einsum that is a batched matrix product (a head-wise
+one) is a :class:`~.batched.BatchedGemm`, one strided-batched GEMM. ``fused_step`` chooses:
+"never" renders the GEMM path only, "always" the fused path only, "auto" both (the body's GEMM
+path in ``Module.gemm_body``, the fused one in ``Module.steps``), so a runner can time them.
+"auto" and "persistent" also write the persistent kernel of the whole loop where it applies
 (:mod:`.persistent`, ``Module.persistent``): a source of its own, for a cooperative module. The
 source is deterministic text without node ids, and identical kernels are emitted once.
 """
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 
 from rnnc import ops
 from rnnc.backends.cuda import bf16
+from rnnc.backends.cuda.batched import BatchedGemm, batched_gemm
 from rnnc.backends.cuda.fused_step import (
     FusedStep,
     Pair,
@@ -72,7 +74,7 @@ class Gemm:
     precision: str | None = None  # "bf16": bfloat16 operands, float32 sums (.bf16)
 
 
-Work = Launch | Gemm | FusedStep
+Work = Launch | Gemm | BatchedGemm | FusedStep
 
 
 @dataclass
@@ -181,6 +183,10 @@ def graph_steps(graph: GraphSteps, kernels: _Kernels,
             steps.append(Gemm(step.slot, *step.inputs, bool(attrs.get("transpose_a")),
                               bool(attrs.get("transpose_b")), step.node.shape,
                               attrs.get("precision")))
+        elif step.op is ops.einsum and (product := batched_gemm(
+                step.slot, step.attrs["spec"], step.inputs,
+                [nodes[i].shape for i in step.inputs], step.node.shape)) is not None:
+            steps.append(product)
         elif step.op is FUSED or step.op.kind in KERNEL_KINDS:
             steps.append(kernels.launch(nodes, step))
         elif step.op.kind is ops.OpKind.SCAN:  # over the time axis, outside the loop: scan.py

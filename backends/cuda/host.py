@@ -4,23 +4,23 @@ Written against an array module ``xp`` (CuPy on a GPU, NumPy in emulation) and k
 CuPy's ``RawKernel`` calling convention. :meth:`Host.plan` walks the schedule
 (:mod:`rnnc.backends.steps`) once per shape and records every launch into a
 :class:`~.plan.Plan`; each step that does work has a :class:`~.codegen.Launch` or
-:class:`~.codegen.Gemm` from code generation. Where values live is the program's buffer plan
-(:mod:`rnnc.backends.buffers`): outside the loop a result takes its plan buffer's array, which
-a later result takes again once the value is dead; in the loop (:class:`ScanPlan`, the plan's
-view for the kernels this host launches) body values live in two arrays used on alternate
-steps, so a carried value read at step t+1 is never the array being written at step t+1, and
-a stacked output computed by a kernel or GEMM is written straight into its slot of the
-(T, ...) result. A kernel runs one thread per element of its largest result, or one per row when its
-launch says so (a region that reduces over features), except a ``linear_scan`` that the sizes
-of the call give to its chunked kernel (:func:`.scan.chunked_geometry`: a block per tile of
-columns and chunks of steps); fused nodes run alike in every graph. A fused step
-(:mod:`.fused_step`) is one launch of a block per tile of rows and hidden units; the product it
-absorbs has no buffer. A host runs one path of a module: ``fused=False`` takes the
-loop body of ``Module.gemm_body`` (GEMM and kernel) where the module has both; a host given a
-``persistent`` launch records the whole loop as one cooperative launch where the shape suits
-it (:mod:`.persistent`), else its steps as the fused path does. A bfloat16 fused step or
-persistent kernel reads its weight as bfloat16 bits: the plan converts each such loop constant
-once, before the loop (:meth:`Host.bf16_weights`, an ``Entry("pre", "convert")``).
+:class:`~.codegen.Gemm` (or :class:`~.batched.BatchedGemm`) from code generation. Where values
+live is the program's buffer plan (:mod:`rnnc.backends.buffers`): outside the loop a result
+takes its plan buffer's array, which a later result takes again once the value is dead; in the
+loop (:class:`ScanPlan`, the plan's view for the kernels this host launches) body values live in
+two arrays used on alternate steps, so a carried value read at step t+1 is never the array being
+written at step t+1, and a stacked output computed by a kernel or GEMM is written straight into
+its slot of the (T, ...) result. A kernel runs one thread per element of its largest result, or
+one per row when its launch says so (a region that reduces over features), except a
+``linear_scan`` that the sizes of the call give to its chunked kernel
+(:func:`.scan.chunked_geometry`: a block per tile of columns and chunks of steps); fused nodes
+run alike in every graph. A fused step (:mod:`.fused_step`) is one launch of a block per tile of
+rows and hidden units; the product it absorbs has no buffer. A host runs one path of a module:
+``fused=False`` takes the loop body of ``Module.gemm_body`` (GEMM and kernel) where the module
+has both; a host given a ``persistent`` launch records the whole loop as one cooperative launch
+where the shape suits it (:mod:`.persistent`), else its steps as the fused path does. A bfloat16
+fused step or persistent kernel reads its weight as bfloat16 bits: the plan converts each such
+loop constant once, before the loop (:meth:`Host.bf16_weights`, an ``Entry("pre", "convert")``).
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ import numpy as np
 
 from rnnc import ops
 from rnnc.backends.buffers import BufferPlan, GraphBuffers, plan_buffers
-from rnnc.backends.cuda import bf16
-from rnnc.backends.cuda.blas import Cublas, DeviceGemm
+from rnnc.backends.cuda import batched, bf16
+from rnnc.backends.cuda.batched import BatchedGemm
+from rnnc.backends.cuda.blas import Cublas, DeviceBatchedGemm, DeviceGemm
 from rnnc.backends.cuda.codegen import Gemm, Module, Work
 from rnnc.backends.cuda.fused_step import FusedStep
 from rnnc.backends.cuda.persistent import PersistentLaunch, record_persistent
@@ -97,7 +98,7 @@ class ScanPlan:
 def plan_scan(plan: BufferPlan, steps: list[Work], stacked: tuple[str, ...]) -> ScanPlan:
     """The loop's buffers where the loop body's work is ``steps``, read from ``plan``."""
     made = {(s.node, k): shape for s in steps for k, shape in
-            enumerate((s.shape,) if isinstance(s, Gemm) else s.shapes)}
+            enumerate((s.shape,) if isinstance(s, (Gemm, BatchedGemm)) else s.shapes)}
     into_stack = {key: name for key, name in plan.body.writes.items()
                   if name in stacked and key in made}
     pairs = {key: shape for key, shape in made.items() if key not in into_stack}
@@ -198,6 +199,15 @@ class Host:
             self.record_gemm(plan, replace(at, kind="gemm"), vals[step.a], vals[step.b], out,
                              step.transpose_a, step.transpose_b, step.precision)
             return out
+        if isinstance(step, BatchedGemm):
+            out = destination((step.node, 0), step.shape)
+            dims = {"T": int(size_args[0]), "B": int(size_args[1])}
+            a, b, result = (batched.view(value, layout, dims, written)
+                            for value, layout, written in zip(
+                                (vals[step.a], vals[step.b], out), step.layouts,
+                                (False, False, True), strict=True))
+            plan.record(replace(at, kind="gemm"), self.batched_matmul(), a, b, out=result)
+            return out
         outs = [destination((step.node, k), shape) for k, shape in enumerate(step.shapes)]
         # One thread per element, or a block per row (a row kernel's results share their rows).
         total = max(int(np.prod(o.shape[:-1] if step.per_row else o.shape)) for o in outs)
@@ -249,14 +259,28 @@ class Host:
             bits[work.b] = self.weight_bits(plan, Entry("pre", ""), env[steps[work.b].name])
         return bits
 
+    def _cublas(self) -> Cublas | bool | None:
+        """The GEMMs' cuBLAS handle where ``xp`` is CuPy, made on first use; else None."""
+        if self.blas is None and getattr(self.xp, "__name__", "") == "cupy":
+            self.blas = Cublas.make(self.xp) or False
+        return self.blas
+
+    def batched_matmul(self) -> Any:
+        """``matmul(a, b, out=)`` over 3-D views, the batch in one call: one
+        cublasGemmStridedBatchedEx on a GPU (TF32 where the schedule says), ``xp.matmul``
+        in emulation."""
+        if self._cublas():
+            tf32 = self.how.precision == "tf32" and self.dtype == np.float32
+            return DeviceBatchedGemm(self.blas, self.dtype, "tf32" if tf32 else None,
+                                     self.xp.matmul)
+        return self.xp.matmul
+
     def record_gemm(self, plan: Plan | Loop, at: Entry, a: Any, b: Any, out: Any,
                     transpose_a: bool, transpose_b: bool, precision: str | None = None) -> None:
         """``out = a @ b`` on 2-D views; transpose_a contracts every leading axis of a and b;
         ``precision="bf16"`` in bfloat16 with float32 sums (:mod:`.bf16`)."""
         matmul = bf16.matmul_for(self.xp) if precision == BF16 else self.xp.matmul
-        if self.blas is None and getattr(self.xp, "__name__", "") == "cupy":
-            self.blas = Cublas.make(self.xp) or False
-        if self.blas:  # a GPU: cuBLAS that CUDA graphs capture (.blas)
+        if self._cublas():  # a GPU: cuBLAS that CUDA graphs capture (.blas)
             tf32 = self.how.precision == "tf32" and self.dtype == np.float32
             matmul = DeviceGemm(self.blas, self.dtype, BF16 if precision == BF16 else
                                 "tf32" if tf32 else None, matmul,

@@ -6,6 +6,9 @@ the result lacks is summed in one loop over the product of those letters' sizes,
 same way; an operand is read at the row and column of its own flat index (layouts are
 row-major). ``reshape`` is a contraction with one letter per row axis and one for the flat
 features, so it reads its operand at the same flat index.
+
+An einsum that is a batched matrix product (a head-wise one, its gradients) never reaches this
+rule: code generation makes it one strided-batched GEMM (:mod:`.batched`).
 """
 
 from __future__ import annotations

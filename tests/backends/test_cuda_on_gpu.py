@@ -1,6 +1,7 @@
 """What only a real GPU can check of the CUDA backend's newer paths: bfloat16 GEMMs (cuBLAS
-GemmEx and the fused kernels reading bf16 weights), the cells with tensor-valued states, and a
-sequence longer than one CUDA graph span. Each compares with the unoptimized traced program
+GemmEx and the fused kernels reading bf16 weights), the cells with tensor-valued states (a
+head-wise einsum as one strided-batched GEMM per step), and a sequence longer than one CUDA
+graph span. Each compares with the unoptimized traced program
 (the NumPy oracle). Without CuPy and a CUDA device these tests skip, saying so; their kernels
 are checked in emulation by test_cuda_bf16.py and test_cells_tensor.py."""
 
@@ -76,5 +77,34 @@ def test_plans_are_captured_as_cuda_graphs(fused: str) -> None:
     for _ in range(3):
         got = fn(x, flat)[0]["y"]
     np.testing.assert_allclose(got.get(), want, rtol=2e-4, atol=2e-5)
+    for row in fn.launch_report():
+        assert row["graph"], row["capture_error"]
+
+
+def test_a_step_of_the_slstm_is_one_strided_batched_gemm(monkeypatch) -> None:
+    """sLSTM with 4 heads: every step's recurrent product is one cublasGemmStridedBatchedEx
+    over the heads (counted), the results agree with the oracle, and the plan (batched GEMMs
+    included) is captured as CUDA graphs."""
+    from rnnc.backends.cuda.blas import Cublas
+
+    calls: list[int] = []
+    original = Cublas.gemm_batched
+
+    def counted(self, a, b, out, arguments, data, compute):
+        calls.append(arguments[-1])
+        return original(self, a, b, out, arguments, data, compute)
+
+    monkeypatch.setattr(Cublas, "gemm_batched", counted)
+    T, B, heads = 7, 5, 4
+    cell = rnnc.cells.slstm(16, 32, heads=heads)
+    x = np.random.default_rng(0).standard_normal((T, B, 16)).astype(np.float32)
+    p = cell.init_params(seed=0)
+    want = rnnc.compile(cell, optimize=False)(x, p)[0]["y"]
+    got = rnnc.compile(cell, backend="cuda", graph=False)(x, p)[0]["y"]
+    np.testing.assert_allclose(got, want, **TOL[np.float32])
+    assert calls == [heads] * T, calls
+    fn = rnnc.compile(cell, backend="cuda", graph=True)
+    for _ in range(2):  # the first call runs its plan call by call and captures it
+        np.testing.assert_allclose(fn(x, p)[0]["y"], want, **TOL[np.float32])
     for row in fn.launch_report():
         assert row["graph"], row["capture_error"]
