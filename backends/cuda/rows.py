@@ -57,13 +57,16 @@ from rnnc.backends.cuda.kernels import (
 )
 from rnnc.backends.cuda.rules import CudaRenderer
 from rnnc.errors import ShapeError
-from rnnc.ir import ARG, Graph, Shape
+from rnnc.ir import ARG, Graph, Node, Shape
 from rnnc.op_types import broadcast_shapes
 
 REDUCTIONS = frozenset({ops.sum_, ops.mean, ops.amax, ops.amin})
 # The block of a row: at least a warp, at most this many threads, about four columns each.
 MAX_ROW_THREADS = 256
 SCRATCH = "red"  # the block's shared array of partial results
+# The most bytes of a thread's local memory that kept operands may take: a GPU reserves a
+# kernel's local memory for every thread it can hold, so it stays small.
+STAGE_BYTES = 1024
 
 
 def row_threads(region: Graph) -> int:
@@ -78,17 +81,47 @@ def row_threads(region: Graph) -> int:
 
 class RowWriter(KernelWriter):
     """A kernel writer for one block per row: a reduction at the row's level is shared by the
-    block's threads, each accumulating a strided part of the row, then combined in a tree."""
+    block's threads, each accumulating a strided part of the row, then combined in a tree.
+
+    An operand of a reduction that other values of the region also read (and that is not an
+    operand of the kernel) is kept while its reduction's loop runs, each thread storing its own
+    columns (column ``c`` at ``c / RT``) in a small local array; a later read of it at one of
+    the thread's columns (a loop of the row, strided alike) loads the array instead of
+    computing it again, so a chain of normalizations (each reading the one before) stays
+    linear in size. A read at any other column computes the value."""
 
     def __init__(self, renderer: CudaRenderer, region: Graph, pointers: dict[int, str],
                  threads: int) -> None:
         super().__init__(renderer, region, pointers)
         self.threads = threads
+        self.candidates = _stage_candidates(region, 4 if renderer.dtype == "f32" else 8,
+                                            threads)
+        self.staged: dict[int, str] = {}  # node id -> its local array
+        self.stage_next: str | None = None  # the array the next loop's terms go to
+        self.strided = {"col"}  # the loop variables that take a thread's columns
+
+    def _lookup(self, key: tuple[int, str, str]) -> str | None:
+        if key[0] in self.staged and key[2] in self.strided:
+            return f"{self.staged[key[0]]}[{key[2]} / {self.threads}]"
+        return super()._lookup(key)
+
+    def render(self, node: Node, row: str, col: str) -> str:
+        operand = node.inputs[0] if node.op in REDUCTIONS else None
+        if operand not in self.candidates or operand in self.staged or len(self.scopes) != 1:
+            return super().render(node, row, col)
+        array = self.fresh("stage")
+        size = -(-width(self.region.node(operand).shape) // self.threads)
+        self.emit(f"{self.r.ctype} {array}[{size}];")
+        self.stage_next = array  # a reduction's rule opens its loop first
+        expr = super().render(node, row, col)
+        self.staged[operand] = array
+        return expr
 
     def loop(self, count: str, term: Callable[[str], str],
              combine: Callable[[str, str], str] | None = None, init: str | None = None) -> str:
         if len(self.scopes) != 1:  # inside a column's value: the thread's own loop
             return super().loop(count, term, combine, init)
+        array, self.stage_next = self.stage_next, None
         acc, k = self.fresh("acc"), self.fresh("k")
         self.emit(f"{self.r.ctype} {acc} = {self.r.zero if init is None else init};")
         block = Scope(f"for (long long {k} = threadIdx.x; {k} < {count}; {k} += "
@@ -96,7 +129,10 @@ class RowWriter(KernelWriter):
         root = self.scopes[0]
         root.open_loop(block)
         self.scopes.append(block)
+        self.strided.add(k)
         value = term(k)
+        if array is not None:
+            self.emit(f"{array}[{k} / {self.threads}] = {value};")
         self.emit(f"{acc} += {value};" if combine is None else f"{acc} = {combine(acc, value)};")
         self.scopes.pop()
         root.close_loop()
@@ -111,6 +147,29 @@ class RowWriter(KernelWriter):
                      "__syncthreads();"):  # before the scratch is written again
             self.emit(line)
         return total
+
+
+def _stage_candidates(region: Graph, itemsize: int, threads: int) -> set[int]:
+    """The reduction operands a row kernel keeps: computed in the region, read by more than
+    their reduction (or a result), within :data:`STAGE_BYTES` of a thread's columns."""
+    readers: dict[int, int] = {}
+    for node in region.nodes():
+        for i in set(node.inputs):
+            readers[i] = readers.get(i, 0) + 1
+    outputs = set(region.outputs.values())
+    chosen: set[int] = set()
+    room = STAGE_BYTES
+    for node in region.nodes():
+        if node.op not in REDUCTIONS:
+            continue
+        x = region.node(node.inputs[0])
+        size = -(-width(x.shape) // threads) * itemsize
+        if x.id in chosen or x.op in (ARG, ops.constant) or width(x.shape) == 1 or size > room:
+            continue
+        if readers[x.id] > 1 or x.id in outputs:
+            chosen.add(x.id)
+            room -= size
+    return chosen
 
 
 def row_shape(region: Graph) -> Shape | None:

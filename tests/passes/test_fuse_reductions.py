@@ -146,17 +146,19 @@ def test_llvm_emits_one_row_kernel_whose_loops_vectorize() -> None:
     assert "x float>" in optimized
 
 
-def test_cuda_region_that_reduces_has_one_thread_per_row() -> None:
+def test_cuda_region_that_reduces_has_one_block_per_row() -> None:
     from rnnc.backends.cuda.codegen import render
 
     module = render(rnnc.compile(ln_lstm(4, 8), backend="numpy").program("inference"))
     launches = [s for steps in module.steps.values() for s in steps if hasattr(s, "per_row")]
     rows = [s for s in launches if s.per_row]
     assert rows and all(s.fused for s in rows)
-    assert "one thread per row" in module.kernel_text
-    kernel = module.kernel_text.split("one thread per row")[1]
+    assert "one block per row" in module.kernel_text
+    kernel = module.kernel_text.split("one block per row")[1]
     body = kernel.split("for (long long col")[0]
     assert body.count("acc") >= 2  # mean and variance before the row's loop
+    # Each reduction: the threads' strided partial sums, then a tree through shared memory.
+    assert "k1 = threadIdx.x" in body and body.count("__syncthreads();") >= 4
 
 
 def test_row_kernels_compile_to_ptx() -> None:
@@ -170,7 +172,7 @@ def test_row_kernels_compile_to_ptx() -> None:
                           prefix=f"{name}_{mode}_k_")
                    for name in sorted(CELLS) for mode in MODES]
         modules.append(render(retype(fuse_elementwise(_mixed_program()), dtype), "mixed_k_"))
-        assert any("one thread per row" in m.kernel_text for m in modules)
+        assert any("one block per row" in m.kernel_text for m in modules)
         ptx = compile_ptx(modules[0].prelude + "".join(m.kernel_text for m in modules), "sm_80")
         assert all(f".entry {k}(" in ptx for m in modules for k in m.kernels)
 
