@@ -71,6 +71,17 @@ def test_shares_of_rows_and_panels_give_the_same_product(tier) -> None:
     np.testing.assert_array_equal(kernels(tier)(a, g, parts=3), kernels(tier)(a, g))
 
 
+@pytest.mark.parametrize("tier", TIERS)
+def test_one_column_and_whole_panels(tier) -> None:
+    # m = 1 (the summed ones^T @ g of a broadcast's gradient: no whole vector of columns to
+    # convert) and n = 64 (whole panels: stores without a mask), odd K past one tile.
+    runnable(tier)
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((33, 1)).astype(np.float32)
+    g = rng.standard_normal((33, 64)).astype(np.float32)
+    assert_fp32_sum(kernels(tier, 1, 64)(a, g), a, g)
+
+
 def test_native_and_emulated_tiers_agree() -> None:
     runnable("avx512bf16")
     rng = np.random.default_rng(4)
