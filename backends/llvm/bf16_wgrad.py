@@ -57,6 +57,24 @@ def _interleave(b: ir.IRBuilder, even: ir.Value, odd: ir.Value, count: int) -> i
     return b.shuffle_vector(even, odd, ir.Constant(ir.VectorType(I32, 2 * count), order))
 
 
+def _transpose(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
+    """The transpose of a square of vectors (``rows[i][j]`` becomes ``out[j][i]``): the
+    off-diagonal blocks swapped at every scale, half the width first, in shuffles."""
+    count = len(rows)
+    rows = list(rows)
+    step = count // 2
+    while step:
+        first = [j if not j & step else count + j - step for j in range(count)]
+        second = [j + step if not j & step else count + j for j in range(count)]
+        masks = [ir.Constant(ir.VectorType(I32, count), order) for order in (first, second)]
+        for i in range(count):
+            if not i & step:
+                low, high = rows[i], rows[i + step]
+                rows[i], rows[i + step] = (b.shuffle_vector(low, high, mask) for mask in masks)
+        step //= 2
+    return rows
+
+
 def transpose_convert_function(module: ir.Module, m: int) -> ir.Function:
     """``rnnc.bf16.tconvert.M(i64 k, float* a, i16* abuf, i64 first, i64 stop)``: rows
     ``first .. stop`` of ``abuf = bf16(a^T)`` for ``a`` K x M: ``abuf[r, :Kp]`` holds column
@@ -77,19 +95,32 @@ def transpose_convert_function(module: ir.Module, m: int) -> ir.Function:
 
     def columns(r0: ir.Value) -> None:
         """Columns ``r0 .. r0 + LANES`` of ``a``: pairs of K rows loaded as vectors, rounded,
-        interleaved, one word stored per column."""
+        interleaved; :data:`LANES` pairs at a time transposed in registers and stored as one
+        vector per column, the pairs left one word per column."""
         def load(row: ir.Value) -> ir.Value:
             src = b.gep(a, [b.add(b.mul(row, _c(m)), r0)])
             return to_bf16(b, b.load(b.bitcast(src, vec.as_pointer()), align=4))
 
-        def pair(q: ir.Value) -> None:
+        def words_of(q: ir.Value) -> ir.Value:
+            """Pair ``q`` of every column: one 32-bit word per lane."""
             even = load(b.mul(q, _c(2)))
             odd = load(b.add(b.mul(q, _c(2)), _c(1)))
-            both = b.bitcast(_interleave(b, even, odd, LANES), ir.VectorType(I32, LANES))
+            return b.bitcast(_interleave(b, even, odd, LANES), ir.VectorType(I32, LANES))
+
+        def block(qb: ir.Value) -> None:
+            q0 = b.mul(qb, _c(LANES))
+            rows = _transpose(b, [words_of(b.add(q0, _c(j))) for j in range(LANES)])
+            for lane, row in enumerate(rows):
+                dst = b.bitcast(row_word(b.add(r0, _c(lane)), q0), row.type.as_pointer())
+                b.store(row, dst, align=4)
+
+        def pair(q: ir.Value) -> None:
+            both = words_of(q)
             for lane in range(LANES):
                 b.store(b.extract_element(both, _c(lane)), row_word(b.add(r0, _c(lane)), q))
 
-        end = emit_loop(b, _c(0), b.sdiv(k, _c(2)), 1, pair)
+        blocks = emit_loop(b, _c(0), b.sdiv(k, _c(2 * LANES)), 1, block)
+        end = emit_loop(b, b.mul(blocks, _c(LANES)), b.sdiv(k, _c(2)), 1, pair)
         with b.if_then(b.icmp_signed("!=", b.srem(k, _c(2)), _c(0))):
             # The last, odd K row: its pair's second half is zero.
             last = b.zext(b.bitcast(load(b.sub(k, _c(1))), ir.VectorType(I16, LANES)),
