@@ -23,6 +23,8 @@ of ``abuf``'s rows and packs the panels it then multiplies (:func:`emit_wgrad`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from llvmlite import ir
 
 from rnnc.backends.llvm import bf16
@@ -75,6 +77,46 @@ def _transpose(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
     return rows
 
 
+def _convert_columns(b: ir.IRBuilder, a: ir.Value, m: int, k: ir.Value, r0: ir.Value,
+                     row_word: Callable[[ir.Value, ir.Value], ir.Value]) -> None:
+    """Columns ``r0 .. r0 + LANES`` of ``a`` (K x m) into ``abuf`` (``row_word(r, q)``: the
+    address of pair word ``q`` of its row ``r``): pairs of K rows loaded as vectors, rounded,
+    interleaved; :data:`LANES` pairs at a time transposed in registers and stored as one
+    vector per column, the pairs left one word per column, an odd last K row with zero."""
+    vec = ir.VectorType(F32, LANES)
+
+    def load(row: ir.Value) -> ir.Value:
+        src = b.gep(a, [b.add(b.mul(row, _c(m)), r0)])
+        return to_bf16(b, b.load(b.bitcast(src, vec.as_pointer()), align=4))
+
+    def words_of(q: ir.Value) -> ir.Value:
+        """Pair ``q`` of every column: one 32-bit word per lane."""
+        even = load(b.mul(q, _c(2)))
+        odd = load(b.add(b.mul(q, _c(2)), _c(1)))
+        return b.bitcast(_interleave(b, even, odd, LANES), ir.VectorType(I32, LANES))
+
+    def block(qb: ir.Value) -> None:
+        q0 = b.mul(qb, _c(LANES))
+        rows = _transpose(b, [words_of(b.add(q0, _c(j))) for j in range(LANES)])
+        for lane, row in enumerate(rows):
+            dst = b.bitcast(row_word(b.add(r0, _c(lane)), q0), row.type.as_pointer())
+            b.store(row, dst, align=4)
+
+    def pair(q: ir.Value) -> None:
+        both = words_of(q)
+        for lane in range(LANES):
+            b.store(b.extract_element(both, _c(lane)), row_word(b.add(r0, _c(lane)), q))
+
+    blocks = emit_loop(b, _c(0), b.sdiv(k, _c(2 * LANES)), 1, block)
+    end = emit_loop(b, b.mul(blocks, _c(LANES)), b.sdiv(k, _c(2)), 1, pair)
+    with b.if_then(b.icmp_signed("!=", b.srem(k, _c(2)), _c(0))):
+        # The last, odd K row: its pair's second half is zero.
+        last = b.zext(b.bitcast(load(b.sub(k, _c(1))), ir.VectorType(I16, LANES)),
+                      ir.VectorType(I32, LANES))
+        for lane in range(LANES):
+            b.store(b.extract_element(last, _c(lane)), row_word(b.add(r0, _c(lane)), end))
+
+
 def transpose_convert_function(module: ir.Module, m: int) -> ir.Function:
     """``rnnc.bf16.tconvert.M(i64 k, float* a, i16* abuf, i64 first, i64 stop)``: rows
     ``first .. stop`` of ``abuf = bf16(a^T)`` for ``a`` K x M: ``abuf[r, :Kp]`` holds column
@@ -86,47 +128,11 @@ def transpose_convert_function(module: ir.Module, m: int) -> ir.Function:
     k, a, abuf, first, stop = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     kp = depth_values(b, k)[0]
-    vec = ir.VectorType(F32, LANES)
     words = b.bitcast(abuf, I32.as_pointer())  # abuf as pair words: Kp / 2 per row
     half = b.sdiv(kp, _c(2))
 
     def row_word(r: ir.Value, q: ir.Value) -> ir.Value:
         return b.gep(words, [b.add(b.mul(r, half), q)])
-
-    def columns(r0: ir.Value) -> None:
-        """Columns ``r0 .. r0 + LANES`` of ``a``: pairs of K rows loaded as vectors, rounded,
-        interleaved; :data:`LANES` pairs at a time transposed in registers and stored as one
-        vector per column, the pairs left one word per column."""
-        def load(row: ir.Value) -> ir.Value:
-            src = b.gep(a, [b.add(b.mul(row, _c(m)), r0)])
-            return to_bf16(b, b.load(b.bitcast(src, vec.as_pointer()), align=4))
-
-        def words_of(q: ir.Value) -> ir.Value:
-            """Pair ``q`` of every column: one 32-bit word per lane."""
-            even = load(b.mul(q, _c(2)))
-            odd = load(b.add(b.mul(q, _c(2)), _c(1)))
-            return b.bitcast(_interleave(b, even, odd, LANES), ir.VectorType(I32, LANES))
-
-        def block(qb: ir.Value) -> None:
-            q0 = b.mul(qb, _c(LANES))
-            rows = _transpose(b, [words_of(b.add(q0, _c(j))) for j in range(LANES)])
-            for lane, row in enumerate(rows):
-                dst = b.bitcast(row_word(b.add(r0, _c(lane)), q0), row.type.as_pointer())
-                b.store(row, dst, align=4)
-
-        def pair(q: ir.Value) -> None:
-            both = words_of(q)
-            for lane in range(LANES):
-                b.store(b.extract_element(both, _c(lane)), row_word(b.add(r0, _c(lane)), q))
-
-        blocks = emit_loop(b, _c(0), b.sdiv(k, _c(2 * LANES)), 1, block)
-        end = emit_loop(b, b.mul(blocks, _c(LANES)), b.sdiv(k, _c(2)), 1, pair)
-        with b.if_then(b.icmp_signed("!=", b.srem(k, _c(2)), _c(0))):
-            # The last, odd K row: its pair's second half is zero.
-            last = b.zext(b.bitcast(load(b.sub(k, _c(1))), ir.VectorType(I16, LANES)),
-                          ir.VectorType(I32, LANES))
-            for lane in range(LANES):
-                b.store(b.extract_element(last, _c(lane)), row_word(b.add(r0, _c(lane)), end))
 
     def single(r: ir.Value) -> None:
         """One column of ``a`` (the rows left after whole vectors), value by value."""
@@ -137,7 +143,7 @@ def transpose_convert_function(module: ir.Module, m: int) -> ir.Function:
             b.store(ir.Constant(I16, 0), b.gep(dst, [k]))
 
     whole = b.add(first, b.mul(b.sdiv(b.sub(stop, first), _c(LANES)), _c(LANES)))
-    emit_loop(b, first, whole, LANES, columns)
+    emit_loop(b, first, whole, LANES, lambda r0: _convert_columns(b, a, m, k, r0, row_word))
     emit_loop(b, whole, stop, 1, single)
     # Zero pair words from the last (half) pair on: the padding AMX's tiles read.
     pairs = b.sdiv(b.add(k, _c(1)), _c(2))
