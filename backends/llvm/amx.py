@@ -24,8 +24,9 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from rnnc.backends.llvm.bf16 import BF16P, F32, PANEL, padded_k
+from rnnc.backends.llvm.bf16 import BF16P, F32, PANEL
 from rnnc.backends.llvm.context import I8, I64
+from rnnc.backends.llvm.dpbf16 import depth_values
 from rnnc.backends.llvm.kernels import emit_loop
 
 TILE_ROWS = 16
@@ -51,10 +52,11 @@ def _intrinsic(module: ir.Module, name: str, args: list[ir.Type]) -> ir.Function
         module, ir.FunctionType(ir.VoidType(), args), full)
 
 
-def gemm_function(module: ir.Module, k: int, n: int) -> ir.Function:
+def gemm_function(module: ir.Module, k: int | None, n: int) -> ir.Function:
     """``rnnc.amx.gemm.KxN``, built once per module: see
-    :func:`rnnc.backends.llvm.bf16.gemm_function`."""
-    name = f"rnnc.amx.gemm.{k}x{n}"
+    :func:`rnnc.backends.llvm.bf16.gemm_function`; ``k=None``: the depth is the call's
+    (``rnnc.amx.gemm.dynxN``, its last argument ``i64 k``)."""
+    name = f"rnnc.amx.gemm.{'dyn' if k is None else k}x{n}"
     existing = module.globals.get(name)
     if existing is not None:
         return existing
@@ -62,14 +64,14 @@ def gemm_function(module: ir.Module, k: int, n: int) -> ir.Function:
 
 
 class _Builder:
-    def __init__(self, module: ir.Module, name: str, k: int, n: int) -> None:
-        self.k, self.n, self.kp = k, n, padded_k(k)
-        fnty = ir.FunctionType(ir.VoidType(), [I64, BF16P, BF16P, F32.as_pointer(), I64, I64])
-        self.fn = ir.Function(module, fnty, name)
+    def __init__(self, module: ir.Module, name: str, k: int | None, n: int) -> None:
+        self.n = n
+        args = [I64, BF16P, BF16P, F32.as_pointer(), I64, I64] + ([I64] if k is None else [])
+        self.fn = ir.Function(module, ir.FunctionType(ir.VoidType(), args), name)
         self.fn.linkage = "internal"
         self.fn.attributes.add("nounwind")
         self.fn.attributes.add("noinline")
-        self.rows, self.abuf, self.packed, self.out, first, stop = self.fn.args
+        self.rows, self.abuf, self.packed, self.out, first, stop = self.fn.args[:6]
         self.load = _intrinsic(module, "tileloadd64", [I8, I8P, I64])
         self.store = _intrinsic(module, "tilestored64", [I8, I8P, I64])
         self.dot = _intrinsic(module, "tdpbf16ps", [I8, I8, I8])
@@ -77,6 +79,7 @@ class _Builder:
         self.ldtilecfg = _intrinsic(module, "ldtilecfg", [I8P])
         self.release = _intrinsic(module, "tilerelease", [])
         b = self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
+        self.kp = depth_values(b, self.fn.args[6] if k is None else k)[0]
         self.config = b.alloca(ir.ArrayType(I8, 64))
         self.config.align = 64
         self.scratch = b.alloca(ir.ArrayType(F32, TILE_ROWS * TILE_ROWS))
@@ -138,18 +141,19 @@ class _Builder:
     def block(self, p: ir.Value, r0: ir.Value, row_tiles: int, height: ir.Value) -> None:
         """Rows ``r0 ..`` (``row_tiles`` tiles of ``height`` rows) x panel ``p``."""
         b, kp = self.b, self.kp
+        blocks = b.sdiv(kp, _c(32))
         accumulators = [[C_TILES[2 * i + h] for h in range(2)] for i in range(row_tiles)]
         for tile in sum(accumulators, []):
             b.call(self.zero, [_t(tile)])
-        a_rows = [b.bitcast(b.gep(self.abuf, [b.mul(b.add(r0, _c(TILE_ROWS * i)), _c(kp))]),
+        a_rows = [b.bitcast(b.gep(self.abuf, [b.mul(b.add(r0, _c(TILE_ROWS * i)), kp)]),
                             I8P) for i in range(row_tiles)]
-        panel = b.bitcast(b.gep(self.packed, [b.mul(p, _c(kp * PANEL))]), I8P)
+        panel = b.bitcast(b.gep(self.packed, [b.mul(p, b.mul(kp, _c(PANEL)))]), I8P)
 
         def depth(kb: ir.Value) -> None:
             # A: 32 bf16 of K from each row; B: 16 pair rows of 2 * PANEL bf16 (128 bytes).
             offset = b.mul(kb, _c(2 * 32))
             for i in range(row_tiles):
-                b.call(self.load, [_t(A_TILES[i]), b.gep(a_rows[i], [offset]), _c(2 * kp)])
+                b.call(self.load, [_t(A_TILES[i]), b.gep(a_rows[i], [offset]), b.mul(kp, _c(2))])
             rows = b.gep(panel, [b.mul(kb, _c(16 * 4 * PANEL))])
             for h in range(2):
                 b.call(self.load, [_t(B_TILES[h]), b.gep(rows, [_c(TILE_BYTES * h)]),
@@ -158,7 +162,7 @@ class _Builder:
                 for h in range(2):
                     b.call(self.dot, [_t(accumulators[i][h]), _t(A_TILES[i]), _t(B_TILES[h])])
 
-        emit_loop(b, _c(0), _c(kp // 32), 1, depth)
+        emit_loop(b, _c(0), blocks, 1, depth)
         for i in range(row_tiles):
             for h in range(2):
                 self.store_tile(accumulators[i][h], b.add(r0, _c(TILE_ROWS * i)),

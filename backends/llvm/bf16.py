@@ -316,13 +316,14 @@ def _pack_edge(b: ir.IRBuilder, w: ir.Value, packed: ir.Value, p: ir.Value, q: i
             b.store(to_bf16(b, value), b.gep(row, [_c(2 * c + j)]))
 
 
-GemmBuilder = Callable[[ir.Module, int, int], ir.Function]
+GemmBuilder = Callable[[ir.Module, int | None, int], ir.Function]
 
 
-def gemm_function(module: ir.Module, tier: Tier, k: int, n: int) -> ir.Function:
+def gemm_function(module: ir.Module, tier: Tier, k: int | None, n: int) -> ir.Function:
     """The tier's ``gemm(i64 rows, i16* abuf, i16* packed, float* out, i64 first, i64 stop)``:
     ``out[:rows, cols] = abuf[:rows] @ packed`` for the columns of panels ``first .. stop``
-    (``out`` is rows x N, float32)."""
+    (``out`` is rows x N, float32). ``k=None``: a depth known only at the call, passed as a
+    last argument ``i64 k`` (the weight gradients, :mod:`rnnc.backends.llvm.bf16_wgrad`)."""
     from rnnc.backends.llvm import amx, dpbf16
 
     if tier not in TIERS:

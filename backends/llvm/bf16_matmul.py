@@ -10,10 +10,14 @@ transpose) packed into the VNNI pair layout once per run (the marker rule of
 per-step recurrent product (``B`` rows) and, in the backward, the input gradients
 ``g @ W^T`` (per step and hoisted) take this path.
 
-Every other bf16 product (a transposed first operand: the weight gradients ``x^T @ g``, whose
-operands both change at every call; a float64 program) rounds its operands to bf16 in
-workspaces and runs the float32 lowering on the rounded values: the same rounding model,
-through the BLAS or the panel kernel.
+The weight gradients ``x^T @ g`` (a transposed first operand with fixed last axes), whose
+operands both change at every call and whose depth is the call's, run on the same kernels
+with a runtime depth (:mod:`rnnc.backends.llvm.bf16_wgrad`), split between a team's threads
+outside the time loop.
+
+Every other bf16 product (a float64 program, a shape those paths do not take) rounds its
+operands to bf16 in workspaces and runs the float32 lowering on the rounded values: the same
+rounding model, through the BLAS or the panel kernel.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from collections.abc import Callable
 from llvmlite import ir
 
 from rnnc import ops
-from rnnc.backends.llvm import bf16
+from rnnc.backends.llvm import bf16, bf16_wgrad
 from rnnc.backends.llvm.context import I64, Buffer, Context
 from rnnc.backends.llvm.kernels import emit_loop
 from rnnc.backends.llvm.team import Team
@@ -41,6 +45,12 @@ def packs(ctx_dtype: str, node: Node, a: tuple, w: tuple) -> bool:
     """Whether the node runs on the packed bf16 kernels (else on rounded float32 copies)."""
     fixed = len(w) == 2 and all(isinstance(d, int) for d in w) and isinstance(a[-1], int)
     return ctx_dtype == "f32" and fixed and not node.attrs.get("transpose_a")
+
+
+def weight_gradient(ctx_dtype: str, node: Node, a: tuple, g: tuple) -> bool:
+    """Whether the node is a weight gradient ``a^T @ g`` on the packed kernels."""
+    return ctx_dtype == "f32" and bool(node.attrs.get("transpose_a")) \
+        and isinstance(a[-1], int) and isinstance(g[-1], int)
 
 
 def _weight_shape(node: Node, w: Buffer) -> tuple[int, int, bool]:
@@ -62,6 +72,9 @@ def emit_matmul(ctx: Context, node: Node, out: Buffer, a: Buffer, w: Buffer,
     ``a``, then, after a barrier, packs (at the run's first step) and multiplies its share of
     the column panels, as the float32 panel kernel's split (:mod:`rnnc.backends.llvm.team`).
     """
+    if weight_gradient(ctx.dtype, node, a.shape, w.shape):
+        bf16_wgrad.emit_wgrad(ctx, out, a, w, tier)
+        return
     if not packs(ctx.dtype, node, a.shape, w.shape):
         float32(ctx, node, out, _rounded(ctx, a), _rounded(ctx, w))
         return
@@ -102,9 +115,16 @@ def emit_split(ctx: Context, node: Node, out: Buffer, operands: list[Buffer],
     In the step body (``in_step``), as :func:`emit_matmul` with ``team``; outside the loop
     (the hoisted projection over all steps), on every thread (:meth:`Team.everyone`): each
     converts its share of the rows, then, after a barrier, packs and multiplies its share of
-    the column panels for every row."""
-    if team is None or not (node.op is ops.matmul and is_bf16(node)
-                            and packs(ctx.dtype, node, operands[0].shape, operands[1].shape)):
+    the column panels for every row. A weight gradient outside the loop: each thread converts
+    its share of ``x^T``, packs its column panels of ``g`` and, after a barrier, multiplies
+    them (:func:`rnnc.backends.llvm.bf16_wgrad.emit_wgrad`)."""
+    if team is None or not (node.op is ops.matmul and is_bf16(node)):
+        return False
+    shapes = (operands[0].shape, operands[1].shape)
+    if weight_gradient(ctx.dtype, node, *shapes) and not in_step:
+        bf16_wgrad.emit_wgrad(ctx, out, *operands, team=team)
+        return True
+    if not packs(ctx.dtype, node, *shapes):
         return False
     if in_step:
         emit_matmul(ctx, node, out, *operands, lambda *_: None, team=team)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from rnnc.backends.llvm.bf16 import BF16, BF16P, F32, I16, PANEL, from_bf16, padded_k
+from rnnc.backends.llvm.bf16 import BF16, BF16P, F32, I16, K_BLOCK, PANEL, from_bf16, padded_k
 from rnnc.backends.llvm.context import I32, I64
 from rnnc.backends.llvm.kernels import emit_loop
 
@@ -34,10 +34,11 @@ def _c(v: int) -> ir.Constant:
     return ir.Constant(I64, v)
 
 
-def gemm_function(module: ir.Module, k: int, n: int, native: bool) -> ir.Function:
+def gemm_function(module: ir.Module, k: int | None, n: int, native: bool) -> ir.Function:
     """``rnnc.dpbf16.gemm.KxN`` (``rnnc.bf16emu.gemm.KxN`` when not ``native``), built once
-    per module: see :func:`rnnc.backends.llvm.bf16.gemm_function`."""
-    name = f"rnnc.{'dpbf16' if native else 'bf16emu'}.gemm.{k}x{n}"
+    per module: see :func:`rnnc.backends.llvm.bf16.gemm_function`; ``k=None``: the depth is
+    the call's (``...gemm.dynxN``, its last argument ``i64 k``)."""
+    name = f"rnnc.{'dpbf16' if native else 'bf16emu'}.gemm.{'dyn' if k is None else k}x{n}"
     existing = module.globals.get(name)
     if existing is not None:
         return existing
@@ -45,20 +46,23 @@ def gemm_function(module: ir.Module, k: int, n: int, native: bool) -> ir.Functio
 
 
 class _Builder:
-    def __init__(self, module: ir.Module, name: str, k: int, n: int, native: bool) -> None:
-        self.k, self.n, self.kp, self.native = k, n, padded_k(k), native
+    def __init__(self, module: ir.Module, name: str, k: int | None, n: int,
+                 native: bool) -> None:
+        self.n, self.native = n, native
         self.height = NATIVE_ROWS if native else EMULATED_ROWS
         self.vec = ir.VectorType(F32, LANES)
-        fnty = ir.FunctionType(ir.VoidType(), [I64, BF16P, BF16P, F32.as_pointer(), I64, I64])
-        self.fn = ir.Function(module, fnty, name)
+        args = [I64, BF16P, BF16P, F32.as_pointer(), I64, I64] + ([I64] if k is None else [])
+        self.fn = ir.Function(module, ir.FunctionType(ir.VoidType(), args), name)
         self.fn.linkage = "internal"
         self.fn.attributes.add("nounwind")
         self.fn.attributes.add("noinline")
-        self.rows, self.abuf, self.packed, self.out, first, stop = self.fn.args
+        self.rows, self.abuf, self.packed, self.out, first, stop = self.fn.args[:6]
         for arg in (self.abuf, self.packed, self.out):
             arg.add_attribute("noalias")
         self.entry = ir.IRBuilder(self.fn.append_basic_block("entry"))
         self.b = ir.IRBuilder(self.fn.append_basic_block("start"))
+        # The padded depth (abuf's row, a panel's pair rows) and the pairs multiplied.
+        self.kp, self.pairs = depth_values(self.b, self.fn.args[6] if k is None else k)
         if native:
             self.dot = module.globals.get("llvm.x86.avx512bf16.dpbf16ps.512") or ir.Function(
                 module, ir.FunctionType(self.vec, [self.vec, ir.VectorType(BF16, 2 * LANES),
@@ -103,9 +107,9 @@ class _Builder:
         for pair in accs:
             for acc in pair:
                 b.store(ir.Constant(vec, [0.0] * LANES), acc)
-        row_pairs = [b.bitcast(b.gep(self.abuf, [b.mul(b.add(r0, _c(i)), _c(self.kp))]),
+        row_pairs = [b.bitcast(b.gep(self.abuf, [b.mul(b.add(r0, _c(i)), self.kp)]),
                                I32.as_pointer()) for i in range(height)]
-        panel = b.gep(self.packed, [b.mul(p, _c(self.kp * PANEL))])
+        panel = b.gep(self.packed, [b.mul(p, b.mul(self.kp, _c(PANEL)))])
         wide, bits = ir.VectorType(BF16, 2 * LANES), ir.VectorType(I16, 2 * LANES)
 
         def pair(q: ir.Value) -> None:
@@ -132,7 +136,7 @@ class _Builder:
                         acc = b.call(self.fma, [_splat(b, scalars[j], vec), ws[h][j], acc])
                     b.store(acc, accs[i][h])
 
-        emit_loop(b, _c(0), _c(-(-self.k // 2)), 1, pair)
+        emit_loop(b, _c(0), self.pairs, 1, pair)
         for i in range(height):
             base = b.gep(self.out, [b.add(b.mul(b.add(r0, _c(i)), _c(self.n)),
                                           b.mul(p, _c(PANEL)))])
@@ -156,6 +160,17 @@ class _Builder:
         store = module.globals.get(name) or ir.Function(module, ir.FunctionType(
             ir.VoidType(), [self.vec, self.vec.as_pointer(), I32, mask.type]), name)
         b.call(store, [value, b.bitcast(dst, self.vec.as_pointer()), ir.Constant(I32, 4), mask])
+
+
+def depth_values(b: ir.IRBuilder, k: int | ir.Value) -> tuple[ir.Value, ir.Value]:
+    """``(Kp, pairs)`` as i64 values: K padded to :data:`~rnnc.backends.llvm.bf16.K_BLOCK`
+    and the pairs of K rows (the last one half zero when K is odd); constants for a fixed
+    K, computed from the call's ``k`` for a runtime depth."""
+    if isinstance(k, int):
+        return _c(padded_k(k)), _c(-(-k // 2))
+    return b.mul(b.sdiv(b.add(k, _c(K_BLOCK - 1)), _c(K_BLOCK)), _c(K_BLOCK)), \
+        b.sdiv(b.add(k, _c(1)), _c(2))
+
 
 def _lanes(parity: int) -> ir.Constant:
     """Shuffle mask picking the even (0) or odd (1) lanes of 32."""
