@@ -92,6 +92,7 @@ from rnnc.names import fresh, hoisted, sunk
 from rnnc.passes import register
 from rnnc.passes._graphs import copy_node, downstream, env_names, is_row_contraction, per_step
 from rnnc.passes._hoist_reductions import reduction_groups
+from rnnc.passes._row_sums import accumulate_rows
 
 ORIGIN = "hoist-sequence"
 
@@ -370,5 +371,6 @@ def _sink(p: Program) -> Program:
 
 @register("hoist-sequence")
 def hoist_sequence(program: Program) -> Program:
-    """Hoist loop-invariant work into ``pre`` and sink output-only work into ``post``."""
-    return _sink(_hoist(program))
+    """Hoist loop-invariant work into ``pre`` and sink output-only work into ``post``; summed
+    row sums become sums per row, finished in ``post``."""
+    return accumulate_rows(_sink(_hoist(program)))
