@@ -24,6 +24,9 @@ moves nothing (``passes/_hoist_reductions.py``). So ``layer_norm(x @ W, g, b)`` 
 the loop reads it instead of ``x @ W``, of the same width, and does no reduction for it. In a
 training forward the values autodiff saves from such a group become sequences computed before
 the loop.
+(d) A summed output ``f(sum_lead(v))`` or ``f(sum_rows(v))``, ``f`` linear with loop constants
+(a parameter's gradient through parameter-only values), is summed per row: the loop accumulates
+``v`` and ``post`` runs the row sum and ``f`` once (``passes/_row_sums.py``).
 
 Example (``tests/passes/test_pass_examples.py`` checks the listings)::
 
