@@ -7,9 +7,10 @@ from ``d.h.final``), reading saved values, inputs and output cotangents (``d.y``
 returning ``grad.<input>`` (stacked), ``grad.<param>`` (summed over the steps) and
 ``grad.<state>`` (the last carries). VJPs are rnnc ops: the later passes optimize the result.
 Save plan: a value a VJP rule reads is taken from where it already lives (an input sequence, a
-parameter, the mask), recomputed when it depends on parameters only or is a random mask
-(``bernoulli``, drawn again from the seed and counter args), and saved otherwise, so backward
-never recomputes a forward matmul.
+parameter, the mask), recomputed when it depends on parameters only, is a random mask
+(``bernoulli``, drawn again from the seed and counter args) or an elementwise expansion of
+narrower values (``passes/_expansions.py``), and saved otherwise, so backward never recomputes
+a forward matmul.
 
 Example (``tests/passes/test_pass_examples.py`` checks the listings)::
 
