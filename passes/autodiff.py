@@ -7,9 +7,10 @@ from ``d.h.final``), reading saved values, inputs and output cotangents (``d.y``
 returning ``grad.<input>`` (stacked), ``grad.<param>`` (summed over the steps) and
 ``grad.<state>`` (the last carries). VJPs are rnnc ops: the later passes optimize the result.
 Save plan: a value a VJP rule reads is taken from where it already lives (an input sequence, a
-parameter, the mask), recomputed when it depends on parameters only or is a random mask
-(``bernoulli``, drawn again from the seed and counter args), and saved otherwise, so backward
-never recomputes a forward matmul.
+parameter, the mask), recomputed when it depends on parameters only, is a random mask
+(``bernoulli``, drawn again from the seed and counter args) or an elementwise expansion of
+narrower values (``passes/_expansions.py``), and saved otherwise, so backward never recomputes
+a forward matmul.
 
 Example (``tests/passes/test_pass_examples.py`` checks the listings)::
 
@@ -87,6 +88,7 @@ from rnnc.errors import RnncValueError
 from rnnc.ir import ARG, Carry, Graph, Program, SavePlan, Scan, Type
 from rnnc.names import Role, cotangent, final_state, gradient
 from rnnc.passes import register
+from rnnc.passes._expansions import expands
 from rnnc.passes._saves import check_save_plans
 from rnnc.passes._unbroadcast import unbroadcast
 
@@ -129,8 +131,13 @@ class _Plan:
     # 0)``): one elementwise pass over what backward reads anyway, never stacked.
     selections: set[int] = field(init=False)
 
+    # Elementwise expansions of narrower values (``exp(dt[:, :, None] * A)``), recomputed from
+    # them, never saved (passes/_expansions.py).
+    expansions: set[int] = field(init=False)
+
     def __post_init__(self) -> None:
         self.param_only, self.drawn, self.selections = set(), set(), set()
+        self.expansions = set()
         for node in self.fwd.nodes():
             if node.op is ARG:
                 if self.roles[node.attrs["name"]] == "const":
@@ -142,6 +149,9 @@ class _Plan:
                 self.drawn.add(node.id)
             elif node.op is ops.where and all(self._read_as_is(i) for i in node.inputs):
                 self.selections.add(node.id)
+            elif expands(self.fwd, node, self.expansions,
+                         lambda i: i in self.param_only or self._read_as_is(i)):
+                self.expansions.add(node.id)
 
     def _read_as_is(self, nid: int) -> bool:
         """Whether backward reads forward value ``nid`` without saving it: a sequence, a
@@ -172,7 +182,8 @@ class _Plan:
             # regenerating it costs less than stacking it, and its args are inputs anyway.
             recompute = node.op is not ARG and (node.op is ops.constant or top in self.drawn
                                                  or top in self.param_only
-                                                 or top in self.selections)
+                                                 or top in self.selections
+                                                 or top in self.expansions)
             missing = [i for i in node.inputs if i not in self.values] if recompute else []
             if missing:
                 stack.extend(reversed(missing))  # leftmost first, as a recursion would

@@ -24,6 +24,9 @@ moves nothing (``passes/_hoist_reductions.py``). So ``layer_norm(x @ W, g, b)`` 
 the loop reads it instead of ``x @ W``, of the same width, and does no reduction for it. In a
 training forward the values autodiff saves from such a group become sequences computed before
 the loop.
+(d) A summed output ``f(sum_lead(v))`` or ``f(sum_rows(v))``, ``f`` linear with loop constants
+(a parameter's gradient through parameter-only values), is summed per row: the loop accumulates
+``v`` and ``post`` runs the row sum and ``f`` once (``passes/_row_sums.py``).
 
 Example (``tests/passes/test_pass_examples.py`` checks the listings)::
 
@@ -92,6 +95,8 @@ from rnnc.names import fresh, hoisted, sunk
 from rnnc.passes import register
 from rnnc.passes._graphs import copy_node, downstream, env_names, is_row_contraction, per_step
 from rnnc.passes._hoist_reductions import reduction_groups
+from rnnc.passes._row_sums import accumulate_rows
+from rnnc.passes._sink_costs import carried_sums, remade_layouts
 
 ORIGIN = "hoist-sequence"
 
@@ -242,7 +247,7 @@ def _sinkable(body: Graph, s) -> tuple[set[int], dict[int, str]]:
     """Nodes to compute in ``post``, and each one's mode: "map" (per step) or "rows" (summed)."""
     carry_outs = {body.outputs[c.name] for c in s.carries}
     # What reads an unbatched sequence stays in the loop, as what a carry needs does.
-    needed = set(carry_outs) | _reads_unbatched_steps(body, s)
+    needed = set(carry_outs) | _reads_unbatched_steps(body, s) | carried_sums(body, s)
     for o in carry_outs:
         needed |= body.ancestors(o)
     mode: dict[int, str] = {}
@@ -300,6 +305,7 @@ class _ToPost:
     def __init__(self, p: Program, body: Graph, sink: set[int], post: Graph,
                  stacked: list[str]) -> None:
         self.body, self.sink, self.post, self.stacked = body, sink, post, stacked
+        self.remade = remade_layouts(body, p.scan)  # made again in post, never stacked
         self.sunk_names = fresh(env_names(p), sunk)
         self.env = p.env_types("pre")
         self.carries = {c.name for c in p.scan.carries}
@@ -332,13 +338,15 @@ class _ToPost:
                 stack.pop()
                 continue
             inputs = self.body.node(nid).inputs
-            pending = [i for i in inputs if i not in mapping] if nid in self.sink else []
+            # A layout op the loop keeps is made again here, unless the loop stacks it anyway.
+            made = nid in self.sink or nid in self.remade and nid not in self.stacked_name
+            pending = [i for i in inputs if i not in mapping] if made else []
             if pending:
                 stack.append(pending[0])
                 continue
             stack.pop()
             mapping[nid] = copy_node(self.post, self.body, nid, [mapping[i] for i in inputs],
-                                     ORIGIN) if nid in self.sink else self._leaf(nid)
+                                     ORIGIN) if made else self._leaf(nid)
         return mapping[root]
 
 
@@ -370,5 +378,6 @@ def _sink(p: Program) -> Program:
 
 @register("hoist-sequence")
 def hoist_sequence(program: Program) -> Program:
-    """Hoist loop-invariant work into ``pre`` and sink output-only work into ``post``."""
-    return _sink(_hoist(program))
+    """Hoist loop-invariant work into ``pre`` and sink output-only work into ``post``; summed
+    row sums become sums per row, finished in ``post``."""
+    return accumulate_rows(_sink(_hoist(program)))

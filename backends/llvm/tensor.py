@@ -22,7 +22,7 @@ from llvmlite import ir
 from rnnc import ops
 from rnnc.backends.llvm import gemm
 from rnnc.backends.llvm.context import I64, Buffer, Context
-from rnnc.backends.llvm.kernels import Kernel
+from rnnc.backends.llvm.kernels import Kernel, emit_sum_rows
 from rnnc.ir import Node
 from rnnc.ops_tensor import explicit
 
@@ -69,18 +69,38 @@ def _reshape(ctx: Context, node: Node, out: Buffer, a: Buffer) -> None:
 
 
 def _sum_axis(ctx: Context, node: Node, out: Buffer, a: Buffer) -> None:
-    letters = _letters(len(a.shape))
     axis = len(a.shape) + node.attrs["axis"]
-    kept = letters[:axis] + letters[axis + 1:]
-    view = a.shape[:axis] + a.shape[axis + 1:]
-    _contract(ctx, "sum_axis", Buffer(out.ptr, view), kept, [(a, letters)],
-              dict(zip(letters, a.shape, strict=True)))
+    inner = math.prod(a.shape[axis + 1:])  # feature axes: sizes known at compile time
+    _sum_middle(ctx, Buffer(a.ptr, a.shape[:axis + 1] + (inner,)),
+                Buffer(out.ptr, a.shape[:axis] + (inner,)))
+
+
+def _sum_middle(ctx: Context, a: Buffer, out: Buffer) -> None:
+    """``out[o, j] = sum over k of a[o, k, j]``, ``a`` viewed as ``(outer..., K, inner)``.
+
+    The inner axis is the innermost loop, so that the adds of contiguous elements vectorize
+    (each element still adds its ``K`` terms in order: the sums are those of a loop nest that
+    runs ``k`` innermost, bit for bit); with ``k`` innermost, a sum over an axis other than
+    the last read one element per row of ``inner`` and did not vectorize."""
+    kernel = Kernel(ctx, "sum_axis", [out, a])
+    b = kernel.builder
+    inner = kernel.dim(a.shape[-1])
+
+    def outer(index: tuple) -> None:
+        kernel.loop(inner, lambda j: kernel.store(0, index + (j,), ir.Constant(ctx.scalar, 0.0)))
+        kernel.loop(kernel.dim(a.shape[-2]), lambda k: kernel.loop(inner, lambda j: kernel.store(
+            0, index + (j,), b.fadd(kernel.load(0, index + (j,)), kernel.load(1, index + (k, j))))))
+
+    kernel.nest(a.shape[:-2], outer)
+    kernel.finish()
 
 
 def _sum_lead(ctx: Context, node: Node, out: Buffer, a: Buffer) -> None:
-    letters = _letters(len(a.shape))
-    _contract(ctx, "sum_lead", out, letters[len(letters) - node.attrs["rank"]:], [(a, letters)],
-              dict(zip(letters, a.shape, strict=True)))
+    # A sum over the rows of ``a`` viewed as (leading axes..., the kept axes flattened), row
+    # after row: the kept axes are the innermost, contiguous loop (see _sum_middle).
+    lead = a.shape[:len(a.shape) - node.attrs["rank"]]
+    width = math.prod(a.shape[len(lead):])
+    emit_sum_rows(ctx, Buffer(a.ptr, lead + (width,)), Buffer(out.ptr, (width,)))
 
 
 def _einsum(ctx: Context, node: Node, out: Buffer, *operands: Buffer) -> None:
