@@ -1,6 +1,6 @@
 """CUDA C for a program: one kernel per elementwise, layout, reduce or fused node; GEMM steps.
 
-A region that reduces over the feature axis gets a kernel with one thread per row
+A region that reduces over the feature axis gets a kernel with one block per row
 (:mod:`.rows`), any other one thread per element (:mod:`.kernels`).
 
 :func:`render` walks the program's schedule (:mod:`rnnc.backends.steps`) and gives each step

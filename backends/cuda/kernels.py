@@ -25,7 +25,7 @@ read at element (row, col) of its own shape, so broadcasting is index arithmetic
 A fused node's region becomes the body of one kernel; its results are grouped by shape and each
 group computes its elements under ``if (idx < n_group)``, sharing temporaries. A reduction loops
 over the reduced axis inside the thread (a lone ``sum``/``mean``: one thread per row). A region
-that reduces over features and whose results share one row shape gets the one-thread-per-row
+that reduces over features and whose results share one row shape gets the one-block-per-row
 kernel of :mod:`.rows` instead, built on the same writer. The source is deterministic text
 without node ids.
 """
