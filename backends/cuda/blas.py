@@ -160,19 +160,30 @@ class Cublas:
                "cublasSetWorkspace")
         self.stream = stream
 
+    def _start(self, results: int, k: int, out: Any) -> bool:
+        """Whether a product of ``results`` elements summing ``k`` terms needs cuBLAS (bound
+        to the current stream now); none for no result, zeros for no terms."""
+        if results == 0:
+            return False
+        if k == 0:
+            out.fill(0)
+            return False
+        self.bind()
+        return True
+
+    def _types(self, data: int, compute: int) -> tuple[int, Any, Any]:
+        """The result's cudaDataType and the host scalars 1 and 0 of the compute type."""
+        result = CUDA_R_64F if data == CUDA_R_64F else CUDA_R_32F
+        return (result, *self.scalars[np.float64 if compute == COMPUTE_64F else np.float32])
+
     def gemm(self, a: Any, b: Any, out: Any, arguments: tuple, data: int, compute: int
              ) -> None:
         """``out = a @ b`` with :func:`gemm_arguments`' ``arguments``; ``data`` the operands'
         cudaDataType (the result's is float32 for bfloat16 operands)."""
         op_b, op_a, n, m, k, ld_b, ld_a, ld_out = arguments
-        if m == 0 or n == 0:
+        if not self._start(m * n, k, out):
             return
-        if k == 0:
-            out.fill(0)
-            return
-        self.bind()
-        result = CUDA_R_64F if data == CUDA_R_64F else CUDA_R_32F
-        one, zero = self.scalars[np.float64 if compute == COMPUTE_64F else np.float32]
+        result, one, zero = self._types(data, compute)
         _check(self.lib.cublasGemmEx(
             self.handle, op_b, op_a, n, m, k, ctypes.c_void_p(one.ctypes.data),
             ctypes.c_void_p(b.data.ptr), data, ld_b, ctypes.c_void_p(a.data.ptr), data, ld_a,
@@ -185,14 +196,9 @@ class Cublas:
         :func:`strided_batched_arguments`' ``arguments``; ``data`` as for :meth:`gemm`."""
         op_b, op_a, n, m, k, ld_b, stride_b, ld_a, stride_a, ld_out, stride_out, batch = \
             arguments
-        if m == 0 or n == 0 or batch == 0:
+        if not self._start(m * n * batch, k, out):
             return
-        if k == 0:
-            out.fill(0)
-            return
-        self.bind()
-        result = CUDA_R_64F if data == CUDA_R_64F else CUDA_R_32F
-        one, zero = self.scalars[np.float64 if compute == COMPUTE_64F else np.float32]
+        result, one, zero = self._types(data, compute)
         strides = [ctypes.c_longlong(s) for s in (stride_b, stride_a, stride_out)]
         _check(self.lib.cublasGemmStridedBatchedEx(
             self.handle, op_b, op_a, n, m, k, ctypes.c_void_p(one.ctypes.data),

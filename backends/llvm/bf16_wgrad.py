@@ -37,20 +37,7 @@ from rnnc.backends.llvm.team import Team
 LANES = 16  # columns of ``a`` converted at once: one zmm of float32
 
 
-def _c(v: int) -> ir.Constant:
-    return ir.Constant(I64, v)
-
-
-def _function(module: ir.Module, name: str, args: list[ir.Type]) -> tuple[ir.Function, bool]:
-    """The internal ``void`` function ``name`` of ``module``, and whether it is new."""
-    existing = module.globals.get(name)
-    if existing is not None:
-        return existing, False
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), args), name)
-    fn.linkage = "internal"
-    fn.attributes.add("nounwind")
-    fn.attributes.add("noinline")
-    return fn, True
+_c, _function = bf16._c, bf16._function  # an i64 constant; an internal void function
 
 
 def _interleave(b: ir.IRBuilder, even: ir.Value, odd: ir.Value, count: int) -> ir.Value:
