@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from rnnc.backends.llvm.bf16 import BF16P, F32, PANEL
+from rnnc.backends.llvm.bf16 import BF16P, F32, PANEL, internal_function
 from rnnc.backends.llvm.context import I8, I64
 from rnnc.backends.llvm.dpbf16 import depth_values
 from rnnc.backends.llvm.kernels import emit_loop
@@ -67,10 +67,7 @@ class _Builder:
     def __init__(self, module: ir.Module, name: str, k: int | None, n: int) -> None:
         self.n = n
         args = [I64, BF16P, BF16P, F32.as_pointer(), I64, I64] + ([I64] if k is None else [])
-        self.fn = ir.Function(module, ir.FunctionType(ir.VoidType(), args), name)
-        self.fn.linkage = "internal"
-        self.fn.attributes.add("nounwind")
-        self.fn.attributes.add("noinline")
+        self.fn, _ = internal_function(module, name, args)
         self.rows, self.abuf, self.packed, self.out, first, stop = self.fn.args[:6]
         self.load = _intrinsic(module, "tileloadd64", [I8, I8P, I64])
         self.store = _intrinsic(module, "tilestored64", [I8, I8P, I64])

@@ -134,7 +134,8 @@ def _c(v: int) -> ir.Constant:
     return ir.Constant(I64, v)
 
 
-def _function(module: ir.Module, name: str, args: list[ir.Type]) -> tuple[ir.Function, bool]:
+def internal_function(module: ir.Module, name: str, args: list[ir.Type]
+                      ) -> tuple[ir.Function, bool]:
     """The internal ``void`` function ``name`` of ``module``, and whether it is new."""
     existing = module.globals.get(name)
     if existing is not None:
@@ -202,7 +203,7 @@ def from_bf16(b: ir.IRBuilder, bits: ir.Value) -> ir.Value:
 def convert_function(module: ir.Module, k: int) -> ir.Function:
     """``rnnc.bf16.convert.K(i64 rows, float* a, i16* abuf)``: ``abuf[r, :Kp] = bf16(a[r, :K])``
     rounded to nearest even, zero from ``K`` to ``Kp``."""
-    fn, new = _function(module, f"rnnc.bf16.convert.{k}", [I64, F32.as_pointer(), BF16P])
+    fn, new = internal_function(module, f"rnnc.bf16.convert.{k}", [I64, F32.as_pointer(), BF16P])
     if not new:
         return fn
     rows, a, abuf = fn.args
@@ -240,7 +241,7 @@ def pack_function(module: ir.Module, k: int, n: int, transposed: bool = False) -
     its transpose, the weights of a gradient product ``g @ W^T``: a pair of K rows is then
     two adjacent floats of one stored row."""
     fptr = F32.as_pointer()
-    fn, new = _function(module, f"rnnc.bf16.pack.{k}x{n}" + (".t" if transposed else ""),
+    fn, new = internal_function(module, f"rnnc.bf16.pack.{k}x{n}" + (".t" if transposed else ""),
                         [fptr, BF16P, fptr.as_pointer(), I64, I64])
     if not new:
         return fn
@@ -336,5 +337,5 @@ def gemm_function(module: ir.Module, tier: Tier, k: int | None, n: int) -> ir.Fu
 
 
 __all__ = ["BF16", "BF16P", "K_BLOCK", "PANEL", "TIERS", "convert_function", "from_bf16",
-           "gemm_function", "host_tier", "pack_function", "packed_words", "padded_k",
-           "panel_count", "request_amx", "to_bf16", "with_target_features"]
+           "gemm_function", "host_tier", "internal_function", "pack_function", "packed_words",
+           "padded_k", "panel_count", "request_amx", "to_bf16", "with_target_features"]

@@ -37,7 +37,7 @@ from rnnc.backends.llvm.team import Team
 LANES = 16  # columns of ``a`` converted at once: one zmm of float32
 
 
-_c, _function = bf16._c, bf16._function  # an i64 constant; an internal void function
+_c = bf16._c  # an i64 constant
 
 
 def _interleave(b: ir.IRBuilder, even: ir.Value, odd: ir.Value, count: int) -> ir.Value:
@@ -109,7 +109,8 @@ def transpose_convert_function(module: ir.Module, m: int) -> ir.Function:
     ``first .. stop`` of ``abuf = bf16(a^T)`` for ``a`` K x M: ``abuf[r, :Kp]`` holds column
     ``r`` of ``a`` rounded to nearest even, zero from K to ``Kp``."""
     fptr = F32.as_pointer()
-    fn, new = _function(module, f"rnnc.bf16.tconvert.{m}", [I64, fptr, BF16P, I64, I64])
+    fn, new = bf16.internal_function(module, f"rnnc.bf16.tconvert.{m}",
+                                     [I64, fptr, BF16P, I64, I64])
     if not new:
         return fn
     k, a, abuf, first, stop = fn.args
@@ -146,7 +147,7 @@ def pack_rows_function(module: ir.Module, n: int) -> ir.Function:
     :func:`rnnc.backends.llvm.bf16.pack_function`, ``Kp`` the call's: ``packed[p][q][c][j]
     = bf16(g[2q + j, PANEL * p + c])``, zero outside ``g``."""
     fptr = F32.as_pointer()
-    fn, new = _function(module, f"rnnc.bf16.gpack.{n}", [I64, fptr, BF16P, I64, I64])
+    fn, new = bf16.internal_function(module, f"rnnc.bf16.gpack.{n}", [I64, fptr, BF16P, I64, I64])
     if not new:
         return fn
     k, g, packed, first, stop = fn.args

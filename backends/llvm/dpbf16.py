@@ -19,7 +19,17 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from rnnc.backends.llvm.bf16 import BF16, BF16P, F32, I16, K_BLOCK, PANEL, from_bf16, padded_k
+from rnnc.backends.llvm.bf16 import (
+    BF16,
+    BF16P,
+    F32,
+    I16,
+    K_BLOCK,
+    PANEL,
+    from_bf16,
+    internal_function,
+    padded_k,
+)
 from rnnc.backends.llvm.context import I32, I64
 from rnnc.backends.llvm.kernels import emit_loop
 
@@ -52,10 +62,7 @@ class _Builder:
         self.height = NATIVE_ROWS if native else EMULATED_ROWS
         self.vec = ir.VectorType(F32, LANES)
         args = [I64, BF16P, BF16P, F32.as_pointer(), I64, I64] + ([I64] if k is None else [])
-        self.fn = ir.Function(module, ir.FunctionType(ir.VoidType(), args), name)
-        self.fn.linkage = "internal"
-        self.fn.attributes.add("nounwind")
-        self.fn.attributes.add("noinline")
+        self.fn, _ = internal_function(module, name, args)
         self.rows, self.abuf, self.packed, self.out, first, stop = self.fn.args[:6]
         for arg in (self.abuf, self.packed, self.out):
             arg.add_attribute("noalias")
