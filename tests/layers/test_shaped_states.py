@@ -157,7 +157,8 @@ def test_a_state_of_the_wrong_shape_names_the_state_and_both_shapes():
     with pytest.raises(RnncValueError, match=r"state 'h'.*\(2, 3, 2, 2\), got \(2, 3, 2, 3\)"):
         layer(x, states={"h": np.zeros((2, B, 2, 3))})
     _, _, tape = layer.forward(x)
-    with pytest.raises(RnncValueError, match=r"state gradient 'm'.*\(2, 3, 2, 2\), got \(2, 3, 4\)"):
+    with pytest.raises(RnncValueError,
+                       match=r"state gradient 'm'.*\(2, 3, 2, 2\), got \(2, 3, 4\)"):
         layer.backward(tape, None, {"m": np.zeros((2, B, 4))})
 
 
