@@ -16,9 +16,10 @@ the per-gate split of the fused torch weights copies (on the tensors' device).
 A custom cell factory works too: its parameters are registered as ``{name}_l{k}`` (and
 ``{name}_l{k}_reverse``) with rnnc's shapes and start from the cell's own initializers
 (``c.param(..., init=...)``) seeded from torch's generator, and ``hx`` and the returned states
-are dicts by state name. A cell with extra inputs (every input after the first, see ``rnnc.RNN``)
-takes them as ``module(x, hx, extra={"u": u})``, tensors laid out like the (padded) input,
-and they get gradients through autograd like ``x``, under ``torch.compile`` too.
+are dicts by state name, ``(L*D, B, *shape)`` for a state of feature shape ``shape``. A cell
+with extra inputs (every input after the first, see ``rnnc.RNN``) takes them as
+``module(x, hx, extra={"u": u})``, tensors laid out like the (padded) input, and they get
+gradients through autograd like ``x``, under ``torch.compile`` too.
 """
 
 from __future__ import annotations

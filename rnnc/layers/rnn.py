@@ -68,16 +68,16 @@ class RNN:
     only layer 0 does and the layers above read zeros in their place. The layer's output is
     the cell's output (the one named ``"y"`` when there are several), of any width ``K``:
     ``y`` is ``(T, B, D*K)`` and the layers above read ``D*K`` features; states may have any
-    sizes. ``proj_size`` (mode ``"lstm"``) is the cell ``rnnc.cells.lstm(..., proj_size)``,
-    whose output has ``proj_size`` features. ``backend`` is ``"numpy"``, ``"llvm"``,
-    ``"cuda"`` or ``None`` (the default) for the fastest backend for the data, as in
-    ``rnnc.compile``: llvm where it works here (else numpy) for host arrays, cuda for a call
-    on device arrays (``layer.backend`` names the host one). ``backend_options`` go to
-    ``rnnc.compile`` (e.g. ``emulate=True``). ``seed`` makes the parameter initialization
-    and the dropout masks reproducible. A cell that draws its own masks (``rnnc.bernoulli``:
-    zoneout, variational dropout) gets each call's ``seed=``, or one drawn from the layer's
-    random stream, and every layer and direction draws its own masks from a seed derived
-    from it.
+    sizes and feature shapes, the same in every layer. ``proj_size`` (mode ``"lstm"``) is the
+    cell ``rnnc.cells.lstm(..., proj_size)``, whose output has ``proj_size`` features.
+    ``backend`` is ``"numpy"``, ``"llvm"``, ``"cuda"`` or ``None`` (the default) for the
+    fastest backend for the data, as in ``rnnc.compile``: llvm where it works here (else
+    numpy) for host arrays, cuda for a call on device arrays (``layer.backend`` names the host
+    one). ``backend_options`` go to ``rnnc.compile`` (e.g. ``emulate=True``). ``seed`` makes
+    the parameter initialization and the dropout masks reproducible. A cell that draws its
+    own masks (``rnnc.bernoulli``: zoneout, variational dropout) gets each call's ``seed=``,
+    or one drawn from the layer's random stream, and every layer and direction draws its own
+    masks from a seed derived from it.
 
     States are a dict by state name, each ``(num_layers * D, B, *shape)`` with ``D = 2`` when
     bidirectional and row ``layer * D + direction``, where ``shape`` is the state's feature
