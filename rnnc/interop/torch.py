@@ -16,9 +16,10 @@ the per-gate split of the fused torch weights copies (on the tensors' device).
 A custom cell factory works too: its parameters are registered as ``{name}_l{k}`` (and
 ``{name}_l{k}_reverse``) with rnnc's shapes and start from the cell's own initializers
 (``c.param(..., init=...)``) seeded from torch's generator, and ``hx`` and the returned states
-are dicts by state name. A cell with extra inputs (every input after the first, see ``rnnc.RNN``)
-takes them as ``module(x, hx, extra={"u": u})``, tensors laid out like the (padded) input,
-and they get gradients through autograd like ``x``, under ``torch.compile`` too.
+are dicts by state name, ``(L*D, B, *shape)`` for a state of feature shape ``shape``. A cell
+with extra inputs (every input after the first, see ``rnnc.RNN``) takes them as
+``module(x, hx, extra={"u": u})``, tensors laid out like the (padded) input, and they get
+gradients through autograd like ``x``, under ``torch.compile`` too.
 """
 
 from __future__ import annotations
@@ -268,21 +269,26 @@ class RNN(nn.Module):
 
     def _check_states(self, states: list[torch.Tensor | None], B: int, dtype: torch.dtype,
                       unbatched: bool) -> None:
-        """Each given state must be ``(L*D, B, size)`` (``(L*D, size)`` unbatched), like torch."""
+        """Each given state must be ``(L*D, B, *shape)`` (``(L*D, *shape)`` unbatched), like
+        torch's ``(L*D, B, size)``; ``shape`` is the state's feature shape in the cell."""
         LD = self.num_layers * (2 if self.bidirectional else 1)
         for i, (name, s) in enumerate(zip(self.state_names, states, strict=True)):
             if s is None:
                 continue
             if not isinstance(s, torch.Tensor):
                 raise RnncTypeError(f"hx[{i}] ({name}) must be a tensor, got {type(s).__name__}")
-            size = self.layer.state_sizes[name]
-            want = (LD, size) if unbatched else (LD, B, size)
+            shape = self.layer.state_shapes[name]
+            want = (LD, *shape) if unbatched else (LD, B, *shape)
             if s.dim() != len(want):
                 kind = "unbatched 2-D" if unbatched else "batched 3-D"
-                raise RnncRuntimeError(f"For {kind} input, hx[{i}] ({name}) should also be "
+                also = "also " if len(shape) == 1 else ""  # a shaped state has more dims than x
+                raise RnncRuntimeError(f"For {kind} input, hx[{i}] ({name}) should {also}be "
                                        f"{len(want)}-D but got a {s.dim()}-D tensor")
             if tuple(s.shape) != want:
-                raise RnncRuntimeError(f"Expected hidden[{i}] size {want}, got {list(s.shape)}")
+                shaped = "" if len(shape) == 1 else \
+                    f" (state {name!r}, of feature shape {shape} in the cell)"
+                raise RnncRuntimeError(f"Expected hidden[{i}] size {want}, got "
+                                       f"{list(s.shape)}{shaped}")
             if s.dtype != dtype:
                 raise RnncRuntimeError(f"hx[{i}] ({name}) is {s.dtype}, the input is {dtype}")
 

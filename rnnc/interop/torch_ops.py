@@ -116,7 +116,7 @@ def _run(key: int, x: torch.Tensor, states: list[torch.Tensor | None],
 def _state_shape(module: Any, x: torch.Tensor, name: str) -> tuple[Any, ...]:
     B = x.shape[0 if module.batch_first else 1]
     return (module.num_layers * (2 if module.bidirectional else 1), B,
-            module.layer.state_sizes[name])
+            *module.layer.state_shapes[name])
 
 
 @torch.library.custom_op("rnnc::rnn", mutates_args=(), schema=f"({_ARGS}) -> Tensor[]")

@@ -4,12 +4,15 @@
 ``bidirectional``) reversed, with dropout between layers. Shapes follow ``torch.nn.LSTM``:
 ``x`` is ``(T, B, input_size)`` (``(B, T, input_size)`` with ``batch_first``), ``y`` is
 ``(T, B, D*H)`` with the forward direction in ``y[..., :H]`` and the reverse one in
-``y[..., H:]``, and every state is ``(L*D, B, H)`` indexed ``layer*D + direction``.
+``y[..., H:]``, and every state is ``(L*D, B, H)`` indexed ``layer*D + direction``
+(``(L*D, B, *shape)`` for a cell state of feature shape ``shape``, such as sLSTM's
+``(heads, d)``).
 
 A cell factory's cell may be more general: its first input is the layer input and its
 further inputs are extra inputs the caller passes by name (``extra={"u": u}``), read by every
 layer or by layer 0 alone (``extra_inputs="first"``); its output may have any width ``K``
-(then ``y`` is ``(T, B, D*K)``, as with an LSTM's ``proj_size``) and its states any sizes.
+(then ``y`` is ``(T, B, D*K)``, as with an LSTM's ``proj_size``) and its states any sizes and
+feature shapes, the same in every layer.
 
 One compiled ``Function`` per direction serves every layer with the same input width: layer 0
 reads ``input_size`` features, layers above read ``D*H`` (``D*K``). The reverse direction is

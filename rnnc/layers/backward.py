@@ -90,7 +90,7 @@ class _Paths:
                        into: np.ndarray | None = None, extra: States | None = None
                        ) -> tuple[np.ndarray, list[Grads]]:
         """Backward through layer ``k`` given its output's cotangent (before dropout) and the
-        final states' ``(L*D, B, size)``: its input's cotangent (added to ``into`` when given)
+        final states' ``(L*D, B, *shape)``: its input's cotangent (added to ``into`` when given)
         and each direction's Grads; the extra inputs' cotangents are added to ``extra``."""
         layer, tape, D = self.layer, self.tape, self.layer.num_directions
         g_out = self.dropout(k, g_out)
@@ -124,7 +124,7 @@ def _check_tape(layer: LayerStack, tape: Any) -> LayerTape:
 def _zero_states(layer: LayerStack, B: int, dtype: np.dtype, ops: Arrays | None = None) -> States:
     LD = layer.num_layers * layer.num_directions
     ops = Arrays() if ops is None else ops
-    return {n: ops.zeros((LD, B, s), dtype) for n, s in layer.state_sizes.items()}
+    return {n: ops.zeros((LD, B, *s), dtype) for n, s in layer.state_shapes.items()}
 
 
 def backward_empty(layer: LayerStack, tape: LayerTape) -> LayerGrads:
@@ -151,7 +151,8 @@ def backward(layer: LayerStack, tape: Any, d_y: Any, d_states: Any) -> LayerGrad
         return backward_empty(layer, tape)
     paths = _Paths(layer, tape, ops)
     g_params: Grid = [[{} for _ in range(D)] for _ in range(L)]
-    g_states = {n: ops.zeros((L * D, B, s), tape.dtype) for n, s in layer.state_sizes.items()}
+    g_states = {n: ops.zeros((L * D, B, *s), tape.dtype)
+                for n, s in layer.state_shapes.items()}
     g_extra = paths.extra_grads()
     for k in range(L - 1, -1, -1):
         g_in, grads = paths.layer_backward(k, g_in, d_st, extra=g_extra)

@@ -138,11 +138,6 @@ def check_factory_cell(cell: Any, in_size: int) -> Cell:
     if shape[-1] != in_size:
         raise CellError(f"the cell factory was asked for input size {in_size}, its cell's "
                         f"first input {first!r} (the layer input) has {shape[-1]} features")
-    for name, shape in cell.sizes("state").items():
-        if len(shape) != 2:  # layers stack, split and reverse (B, n) states
-            raise CellError(f"a layer stacks cells whose states are (B, n); state {name!r} of "
-                            f"cell {cell.name!r} is {tuple(shape)}: run the cell with "
-                            f"rnnc.compile (docs/tensors.md)")
     return cell
 
 
@@ -158,12 +153,13 @@ def output_name(cell: Cell) -> str:
     return name
 
 
-def signature(cell: Cell) -> tuple[dict[str, int], int, dict[str, int]]:
+def signature(cell: Cell) -> tuple[dict[str, int], int, dict[str, tuple[int, ...]]]:
     """What every layer's cell must share: extra inputs' widths (every input after the
-    first), the width of the output a layer stacks, and the states' sizes."""
+    first), the width of the output a layer stacks, and the states' feature shapes (``(n,)``
+    for a ``(B, n)`` state, ``(D, N)`` for a ``(B, D, N)`` one)."""
     extra = {n: s[-1] for n, s in list(cell.sizes("input").items())[1:]}
     width = cell.graph.node(cell.outputs[output_name(cell)]).shape[-1]
-    return extra, width, {n: s[-1] for n, s in cell.sizes("state").items()}
+    return extra, width, {n: tuple(s[1:]) for n, s in cell.sizes("state").items()}
 
 
 def check_same_signature(cell: Cell, first: Cell, in_size: int, input_size: int) -> Cell:
@@ -280,10 +276,11 @@ def check_lengths(layer: LayerStack, lengths: Any, T: int, B: int) -> np.ndarray
     return validate.lengths(arr, T, B)
 
 
-def _batch_axis_hint(layer: LayerStack, T: int | None, B: int, LD: int, size: int,
-                     shape: tuple[int, ...]) -> str:
-    """A hint for a state shaped as if x's time axis were its batch axis."""
-    if T is None or T == B or shape != (LD, T, size):
+def _batch_axis_hint(layer: LayerStack, T: int | None, B: int, LD: int,
+                     shape: tuple[int, ...], given: tuple[int, ...]) -> str:
+    """A hint for a state shaped as if x's time axis were its batch axis (``shape`` is the
+    state's feature shape)."""
+    if T is None or T == B or given != (LD, T, *shape):
         return ""
     return (f"; {T} is the size of x's time axis, not of its batch axis (B={B}): "
             + ("with batch_first=True x is (B, T, features)" if layer.batch_first else
@@ -293,7 +290,8 @@ def _batch_axis_hint(layer: LayerStack, T: int | None, B: int, LD: int, size: in
 
 def check_states(layer: LayerStack, states: Any, B: int, dtype: np.dtype, what: str = "state",
                  T: int | None = None, ops: Arrays | None = None) -> dict[str, np.ndarray]:
-    """Return every state as a ``(L*D, B, size)`` array of ``dtype`` (a missing one: zeros).
+    """Return every state as a ``(L*D, B, *shape)`` array of ``dtype`` (a missing one: zeros),
+    ``shape`` its feature shape in the cell (``(size,)`` for a ``(B, size)`` state).
 
     ``what`` names the states in messages ("state", "state gradient"); ``T``, when given,
     lets a message spot a batch-first ``x`` given to a time-major layer. In a device call
@@ -305,22 +303,25 @@ def check_states(layer: LayerStack, states: Any, B: int, dtype: np.dtype, what: 
         states = {}
     if not isinstance(states, Mapping):
         raise RnncTypeError(f"{what}s must be a dict by state name "
-                            f"({sorted(layer.state_sizes)}), got {type(states).__name__}")
-    unknown = sorted(set(states) - set(layer.state_sizes))
+                            f"({sorted(layer.state_shapes)}), got {type(states).__name__}")
+    unknown = sorted(set(states) - set(layer.state_shapes))
     if unknown:
         raise RnncValueError(f"unknown {what} {unknown[0]!r}; the states are "
-                             f"{sorted(layer.state_sizes)}")
+                             f"{sorted(layer.state_shapes)}")
     out = {}
-    for name, size in layer.state_sizes.items():
+    for name, shape in layer.state_shapes.items():
         value = states.get(name)
         if value is None:
-            out[name] = ops.zeros((LD, B, size), dtype)
+            out[name] = ops.zeros((LD, B, *shape), dtype)
             continue
         arr = validate.as_array(value, f"{what} {name!r}", ops.device)
-        if arr.shape != (LD, B, size):
-            hint = _batch_axis_hint(layer, T, B, LD, size, arr.shape)
+        want = (LD, B, *shape)
+        if arr.shape != want:
+            hint = _batch_axis_hint(layer, T, B, LD, shape, arr.shape)
+            # a state with feature axes (rnnc.cells.slstm's (heads, d)) keeps them
+            axes = "size" if len(shape) == 1 else "*feature shape"
             raise RnncValueError(f"{what} {name!r} must have shape (num_layers * "
-                                 f"directions, B, size) = {(LD, B, size)}, got "
+                                 f"directions, B, {axes}) = {want}, got "
                                  f"{arr.shape}{hint}")
         if arr.dtype != dtype:
             raise RnncTypeError(f"{what} {name!r} is {arr.dtype}, expected {dtype}: convert "

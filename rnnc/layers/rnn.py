@@ -9,6 +9,7 @@ import ``rnnc.interop.layer_weights`` when called, so that ``import rnnc`` never
 from __future__ import annotations
 
 import copy
+import math
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
@@ -67,19 +68,22 @@ class RNN:
     only layer 0 does and the layers above read zeros in their place. The layer's output is
     the cell's output (the one named ``"y"`` when there are several), of any width ``K``:
     ``y`` is ``(T, B, D*K)`` and the layers above read ``D*K`` features; states may have any
-    sizes. ``proj_size`` (mode ``"lstm"``) is the cell ``rnnc.cells.lstm(..., proj_size)``,
-    whose output has ``proj_size`` features. ``backend`` is ``"numpy"``, ``"llvm"``,
-    ``"cuda"`` or ``None`` (the default) for the fastest backend for the data, as in
-    ``rnnc.compile``: llvm where it works here (else numpy) for host arrays, cuda for a call
-    on device arrays (``layer.backend`` names the host one). ``backend_options`` go to
-    ``rnnc.compile`` (e.g. ``emulate=True``). ``seed`` makes the parameter initialization
-    and the dropout masks reproducible. A cell that draws its own masks (``rnnc.bernoulli``:
-    zoneout, variational dropout) gets each call's ``seed=``, or one drawn from the layer's
-    random stream, and every layer and direction draws its own masks from a seed derived
-    from it.
+    sizes and feature shapes, the same in every layer. ``proj_size`` (mode ``"lstm"``) is the
+    cell ``rnnc.cells.lstm(..., proj_size)``, whose output has ``proj_size`` features.
+    ``backend`` is ``"numpy"``, ``"llvm"``, ``"cuda"`` or ``None`` (the default) for the
+    fastest backend for the data, as in ``rnnc.compile``: llvm where it works here (else
+    numpy) for host arrays, cuda for a call on device arrays (``layer.backend`` names the host
+    one). ``backend_options`` go to ``rnnc.compile`` (e.g. ``emulate=True``). ``seed`` makes
+    the parameter initialization and the dropout masks reproducible. A cell that draws its
+    own masks (``rnnc.bernoulli``: zoneout, variational dropout) gets each call's ``seed=``,
+    or one drawn from the layer's random stream, and every layer and direction draws its own
+    masks from a seed derived from it.
 
-    States are a dict by state name, each ``(num_layers * D, B, size)`` with ``D = 2`` when
-    bidirectional and row ``layer * D + direction``. For the standard cells this is
+    States are a dict by state name, each ``(num_layers * D, B, *shape)`` with ``D = 2`` when
+    bidirectional and row ``layer * D + direction``, where ``shape`` is the state's feature
+    shape in the cell (``layer.state_shapes``): ``(size,)`` for a ``(B, size)`` state, ``(D, N)``
+    for a ``(B, D, N)`` one such as ``rnnc.cells.selective_ssm``'s (``layer.state_sizes``
+    holds each state's number of features). For the standard cells this is
     PyTorch's ``h_n = states["h"]`` and, for LSTM, ``c_n = states["c"]``; initial states
     ``(h_0, c_0)`` are passed as ``states={"h": h_0, "c": c_0}`` (a missing name is zeros).
 
@@ -122,7 +126,8 @@ class RNN:
         first = self._cell(self.input_size)
         self.cell_name, self.input_name = first.name, next(iter(first.inputs))
         self.output_name = checks.output_name(first)
-        self.extra_sizes, self.output_size, self.state_sizes = checks.signature(first)
+        self.extra_sizes, self.output_size, self.state_shapes = checks.signature(first)
+        self.state_sizes = {n: math.prod(s) for n, s in self.state_shapes.items()}
         for k in range(self.num_layers):
             for d in range(self.num_directions):
                 self.function(k, d)
@@ -196,6 +201,11 @@ class RNN:
     def __getstate__(self) -> dict[str, Any]:
         checks.check_picklable(self.mode)
         return {**self.__dict__, "_cells": {}, "_functions": {}, "_uploaded": {}}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "state_shapes" not in state:  # pickled when every state was (B, size)
+            state["state_shapes"] = {n: (s,) for n, s in state["state_sizes"].items()}
+        self.__dict__.update(state)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RNN:
         """Copy everything but the cells and compiled functions, which are immutable: share."""

@@ -113,7 +113,7 @@ def run(layer: LayerStack, x: Any, lengths: Any, states: Any, params: Any, train
     L, D = layer.num_layers, layer.num_directions
     grid = cell_params(layer, grid, ops)
     valid = ops.valid_steps(T, lens)
-    final = {n: ops.zeros((L * D, B, s), dtype) for n, s in layer.state_sizes.items()}
+    final = {n: ops.zeros((L * D, B, *s), dtype) for n, s in layer.state_shapes.items()}
     drop = (train if apply_dropout is None else apply_dropout) and layer.dropout > 0
     tapes: list[list[Tape]] = []
     masks: list[np.ndarray | None] = []
@@ -186,7 +186,7 @@ def run_empty(layer: LayerStack, T: int, dtype: np.dtype, train: bool, ops: Arra
     LD = layer.num_layers * layer.num_directions
     width = layer.num_directions * layer.output_size
     y = ops.zeros((0, T, width) if layer.batch_first else (T, 0, width), dtype)
-    final = {n: ops.zeros((LD, 0, s), dtype) for n, s in layer.state_sizes.items()}
+    final = {n: ops.zeros((LD, 0, *s), dtype) for n, s in layer.state_shapes.items()}
     tape = LayerTape(layer, T, 0, dtype, None, [], [], device=ops.device) if train else None
     layer.transfers = ops.transfers
     return y, final, tape

@@ -29,7 +29,8 @@ class LayerStack(Protocol):
     output_name: str
     extra_sizes: dict[str, int]
     output_size: int
-    state_sizes: dict[str, int]
+    state_sizes: dict[str, int]  # each state's number of features
+    state_shapes: dict[str, tuple[int, ...]]  # each state's feature shape, (size,) if flat
     params: list[list[dict[str, Any]]]
 
     @property

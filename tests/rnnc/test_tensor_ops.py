@@ -134,11 +134,6 @@ def test_dsl_errors_name_the_index(index, match):
         index(h)
 
 
-def test_layers_refuse_states_with_feature_shapes():
-    with pytest.raises(rnnc.CellError, match="rnnc.compile"):
-        rnnc.RNN(lambda i, h: rnnc.cells.slstm(i, h, heads=2), 3, 4, backend="numpy")
-
-
 def test_output_must_be_flat():
     c = rnnc.Cell()
     c.input("x", 2)
