@@ -6,6 +6,12 @@ buffer; ``program.layout`` records every block. When each member matmul's only u
 an add of its own bias vector, the biases fold into one add of a packed bias block, and the
 slices are taken after it.
 
+Einsums of one value by several parameters pack the same way (``passes/_gate_einsums.py``):
+with one spec whose parameter's last axis is output-only and the output's last
+(``"...hd,hde->...he"``), the per-gate parameters ``(H, d, e)`` become one block
+``(H, d, sum e)`` and the per-gate products one einsum, sliced on its last axis: the gates of
+all heads are one batched product.
+
 Example (``tests/passes/test_pass_examples.py`` checks the listings)::
 
     c = rnnc.Cell("gates")
