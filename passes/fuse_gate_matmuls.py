@@ -6,6 +6,12 @@ buffer; ``program.layout`` records every block. When each member matmul's only u
 an add of its own bias vector, the biases fold into one add of a packed bias block, and the
 slices are taken after it.
 
+Einsums of one value by several parameters pack the same way (``passes/_gate_einsums.py``):
+with one spec whose parameter's last axis is output-only and the output's last
+(``"...hd,hde->...he"``), the per-gate parameters ``(H, d, e)`` become one block
+``(H, d, sum e)`` and the per-gate products one einsum, sliced on its last axis: the gates of
+all heads are one batched product.
+
 Example (``tests/passes/test_pass_examples.py`` checks the listings)::
 
     c = rnnc.Cell("gates")
@@ -66,6 +72,7 @@ from rnnc import ops
 from rnnc.ir import ARG, Graph, Program, Type
 from rnnc.layout import Block
 from rnnc.names import Role, packed
+from rnnc.passes import _gate_einsums as gate_einsums
 from rnnc.passes import register
 from rnnc.precision import matmul_attrs
 
@@ -138,9 +145,10 @@ def _read_members(g: Graph, offsets: dict[str, tuple[str, int, int]],
 _Group = tuple[int, list[int], list[str], list[tuple[int, str]]]
 
 
-def _plan(program: Program, body: Graph, params: dict[str, tuple]) -> list[_Group]:
-    """The groups of matmuls to pack, each parameter in one group at most."""
-    merged: set[str] = set()  # parameters already in a block
+def _plan(program: Program, body: Graph, params: dict[str, tuple], merged: set[str]
+          ) -> list[_Group]:
+    """The groups of matmuls to pack, each parameter in one group at most (``merged`` holds
+    the parameters already in a block and gains this plan's)."""
     groups = []
     for left, mms in _groups(program):
         names: list[str] = []
@@ -243,10 +251,13 @@ def fuse_gate_matmuls(program: Program) -> Program:
     """Pack the parameters of matmuls sharing a left operand into one block."""
     params = _params(program)
     body = program.scan.body.copy()
-    groups = _plan(program, body, params)
-    if not groups:
+    merged: set[str] = set()  # parameters already in a block
+    groups = _plan(program, body, params, merged)
+    einsum_groups = gate_einsums.plan(program, body, params, merged)
+    if not groups and not einsum_groups:
         return program
     new_args = _pack(body, groups, params)
+    new_args.update(gate_einsums.pack(body, einsum_groups, params, ORIGIN))
     # Any other use of a member parameter reads its columns of the block.
     offsets = _offsets(new_args, params)
     pre, post = program.pre.copy(), program.post.copy()
