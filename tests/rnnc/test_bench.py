@@ -234,3 +234,15 @@ def test_compiled_peer_never_falls_back_to_eager() -> None:
                                      "inference", compiled=True)
             fn(torch.from_numpy(np.ones((2, 1, H), np.float32)))
             assert counters["frames"]["ok"] == counters["frames"]["total"] > 0, H
+
+
+def test_rnnc_bench_markdown_quotes_its_command(tmp_path, monkeypatch) -> None:
+    from rnnc.tools import cli
+
+    markdown = tmp_path / "bench.md"
+    words = ["--size", "tiny", "--backend", "numpy", "--configs", "C3", "--cells", "lstm",
+             "--modes", "inference", "--peers", "eager", "--reps", "1", "--warmup", "1",
+             "--no-compile-time", "--markdown", str(markdown)]
+    monkeypatch.setattr("sys.argv", ["rnnc", "bench", *words])
+    assert cli.main() == 0
+    assert f"Command: `rnnc bench {' '.join(words)}`" in markdown.read_text()
