@@ -337,6 +337,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"rnnc bench: error: --threads must be a positive integer, got "
                          f"{threads} (leave it out for all available cores)\n")
         return 2
+    if args.command == "bench":  # the command line its Markdown report quotes
+        words = list(sys.argv[1:] if argv is None else argv)
+        args.argv = words[words.index("bench") + 1:]
     try:
         return args.func(args)
     except RnncError as err:

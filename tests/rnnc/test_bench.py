@@ -151,3 +151,98 @@ def test_timed_reads_the_chosen_clock(monkeypatch) -> None:
     timings, firsts = harness.timed({"f": lambda: 7}, reps=3, warmup=1, clock="cpu")
     assert firsts == {"f": 7} and timings["f"].first == 1.0
     assert timings["f"].times == [1.0, 1.0, 1.0]  # one tick per call: the fake clock was read
+
+
+# The forward of a bfloat16 peer against the float32 one: bfloat16 keeps 8 significant bits,
+# so an operand near 1 moves by up to 2**-9 when rounded; five steps of a cell whose outputs lie
+# in (-1, 1) stay within 4 spacings of bfloat16 at 1 (4 * 2**-8). The lower bound shows that the
+# peer ran in bfloat16 at all: the float32 paths agree to 1e-6.
+BF16_FORWARD_TOLERANCE = 4 * 2.0**-8
+
+
+def _eager_forward(cell: str, **kwargs):
+    import numpy as np
+    import torch
+
+    from rnnc.tools.bench.peers import torch_eager_call
+
+    config = bench.tiny(bench.CONFIGS["C3"])
+    spec = bench.CELLS[cell]
+    fn, label = torch_eager_call(spec, config, bench.layer_params(spec, config), "inference",
+                                 **kwargs)
+    x = np.random.default_rng(7).standard_normal((config.T, config.B, config.I))
+    return fn(torch.from_numpy(x.astype(np.float32))), label
+
+
+@pytest.mark.parametrize("cell", ["lstm", "ln_lstm"])
+def test_autocast_eager_loop_is_the_float32_loop_in_bf16(cell: str) -> None:
+    import torch
+
+    y32, _ = _eager_forward(cell)
+    y16, label = _eager_forward(cell, autocast=True)
+    assert label == "eager loop autocast" and y16.dtype == torch.float32
+    diff = float((y16 - y32).abs().max())
+    assert 1e-4 < diff < BF16_FORWARD_TOLERANCE, diff
+
+
+def test_bench_bf16_times_the_autocast_eager_loop(tmp_path, capsys) -> None:
+    import json
+
+    data = tmp_path / "bench.json"
+    code = bench.main(["--size", "tiny", "--backend", "numpy", "--configs", "C3", "--cells",
+                       "ln_lstm", "--modes", "inference,training", "--peers", "eager",
+                       "--precision", "bf16", "--reps", "1", "--warmup", "1",
+                       "--no-compile-time", "--json", str(data), "--clock", "cpu"])
+    assert code == 0
+    rows = json.loads(data.read_text())["rows"]
+    assert [(r["mode"], r["peer"], r["precision"]) for r in rows] == [
+        (mode, peer, precision) for mode in ("inference", "training") for peer, precision in
+        (("eager", "fp32"), ("rnnc-fp32", "bf16"), ("eager-autocast", "bf16"))]
+    for r in rows[2::3]:
+        assert r["peer_impl"] == "eager loop autocast" and r["rnnc_impl"] == "rnnc.RNN bf16"
+        assert math.isfinite(r["peer_ms"]) and r["peer_ms"] > 0 and r["peer_gflops"] > 0
+        # rnnc's bf16 keeps layer norm in float32, autocast runs it on the bf16 GEMM output
+        assert r["max_abs_diff"] < 2 * BF16_FORWARD_TOLERANCE
+    table = capsys.readouterr().out.split("\n\n")[-1]
+    assert sum(" eager-autocast " in ln and " bf16 " in ln for ln in table.splitlines()) == 2
+
+
+@pytest.mark.slow
+def test_compiled_autocast_loop_is_the_float32_loop_in_bf16() -> None:
+    """torch.compile of the step under autocast (compiling takes tens of seconds)."""
+    y32, _ = _eager_forward("ln_lstm")
+    y16, label = _eager_forward("ln_lstm", compiled=True, autocast=True)
+    assert label == "compiled step loop autocast"
+    assert 1e-4 < float((y16 - y32).abs().max()) < BF16_FORWARD_TOLERANCE
+
+
+@pytest.mark.slow
+def test_compiled_peer_never_falls_back_to_eager() -> None:
+    """Compiled peers of one cell share torch.compile's graphs on the step's code; each new
+    peer starts afresh, so none runs eagerly past the recompile limit."""
+    import numpy as np
+    import torch
+    from torch._dynamo.utils import counters
+
+    from rnnc.tools.bench.peers import torch_eager_call
+
+    spec = bench.CELLS["lstm"]
+    with torch._dynamo.config.patch(recompile_limit=1):
+        for H in (4, 5):  # a second shape would be a recompile
+            config = bench.Config("t", 2, 1, H, H)
+            fn, _ = torch_eager_call(spec, config, bench.layer_params(spec, config),
+                                     "inference", compiled=True)
+            fn(torch.from_numpy(np.ones((2, 1, H), np.float32)))
+            assert counters["frames"]["ok"] == counters["frames"]["total"] > 0, H
+
+
+def test_rnnc_bench_markdown_quotes_its_command(tmp_path, monkeypatch) -> None:
+    from rnnc.tools import cli
+
+    markdown = tmp_path / "bench.md"
+    words = ["--size", "tiny", "--backend", "numpy", "--configs", "C3", "--cells", "lstm",
+             "--modes", "inference", "--peers", "eager", "--reps", "1", "--warmup", "1",
+             "--no-compile-time", "--markdown", str(markdown)]
+    monkeypatch.setattr("sys.argv", ["rnnc", "bench", *words])
+    assert cli.main() == 0
+    assert f"Command: `rnnc bench {' '.join(words)}`" in markdown.read_text()

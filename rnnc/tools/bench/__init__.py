@@ -88,7 +88,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="skip measuring LSTM compile time (cold and cached)")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
                         help="bf16: also time rnnc with precision='bf16' against nn.LSTM/nn.GRU "
-                             ".to(bfloat16), torch.autocast and JAX in bfloat16, in the same "
+                             ".to(bfloat16) and under torch.autocast, the eager and compile "
+                             "loops under torch.autocast, and JAX in bfloat16, in the same "
                              "run as the fp32 rows")
     parser.add_argument("--markdown", metavar="FILE", help="also write the table as Markdown")
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")

@@ -6,6 +6,10 @@ The rows come in the same run as the float32 ones, for the same configuration, c
   input (oneDNN runs the whole cell in bfloat16, elementwise math too);
 - ``torch-autocast``: the float32 module under ``torch.autocast("cpu", dtype=torch.bfloat16)``,
   the semantics rnnc's ``precision="bf16"`` follows;
+- ``eager-autocast`` and ``compile-autocast`` (``--peers eager``, ``compile``): the float32
+  PyTorch loop over the cell's step (``peers.torch_eager_call``) and its ``torch.compile``d
+  form, the forward run under ``torch.autocast("cpu", dtype=torch.bfloat16)``; every cell,
+  the layer-norm LSTM's only peer that computes in bfloat16;
 - ``jax-bf16``: the ``lax.scan`` peer with bfloat16 weights and input, where JAX imports;
 - ``rnnc-fp32``: rnnc itself in float32, timed in the same block, so that every cell (the
   layer-norm LSTM too, which has no built-in peer) gets its bfloat16 / float32 ratio.
@@ -25,7 +29,7 @@ import numpy as np
 
 from rnnc.tools.bench.configs import CELLS, CellSpec, Config, layer_params
 from rnnc.tools.bench.harness import rnnc_call, rows_of, timed
-from rnnc.tools.bench.peers import jax_call, torch_module
+from rnnc.tools.bench.peers import jax_call, torch_eager_call, torch_module
 
 PRECISIONS = ("fp32", "bf16")
 
@@ -94,6 +98,14 @@ def bench_bf16(config: Config, cell: str, mode: str, peers: list[str],
         for name, kind in (("torch-bf16", "to"), ("torch-autocast", "autocast")):
             fn, labels[name] = torch_bf16_call(spec, config, grid, mode, kind)
             calls[name] = lambda fn=fn: fn(xt)
+    for peer in ("eager", "compile"):
+        if peer in peers:
+            import torch
+
+            xt = torch.from_numpy(x)
+            fn, labels[f"{peer}-autocast"] = torch_eager_call(
+                spec, config, grid, mode, compiled=peer == "compile", autocast=True)
+            calls[f"{peer}-autocast"] = lambda fn=fn, xt=xt: fn(xt)
     if "jax" in peers:
         import jax.numpy as jnp
 

@@ -65,19 +65,35 @@ def torch_builtin_call(spec: CellSpec, config: Config, grid: list, mode: str):
 
 
 def torch_eager_call(spec: CellSpec, config: Config, grid: list, mode: str,
-                     device: str = "cpu", compiled: bool = False):
+                     device: str = "cpu", compiled: bool = False, autocast: bool = False):
     """A Python loop over time of the same cell, one small PyTorch op at a time, with its
     weights on ``device`` (the input must be there too); ``compiled``: the loop calls
-    ``torch.compile`` of the step (compiling the whole loop unrolls every step)."""
+    ``torch.compile`` of the step (compiling the whole loop unrolls every step);
+    ``autocast``: the forward runs under ``torch.autocast(device, dtype=torch.bfloat16)``
+    and the output comes back in float32 (the backward runs outside autocast, as PyTorch
+    recommends: each op's gradient takes its forward's dtype)."""
     import torch
 
+    label = "compiled step loop" if compiled else "eager loop"
+    label += " autocast" if autocast else ""
     m = _TorchMath(torch)
+    if compiled:
+        # torch.compile keeps its graphs on the step function's code, shared by every compiled
+        # peer of the cell; past recompile_limit (8) shapes, grad modes and autocast states it
+        # runs the step eagerly without failing. The peer being built is the only one timed.
+        torch._dynamo.reset()
     step = torch.compile(spec.step, dynamic=False) if compiled else spec.step
     weights = [[{k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in
                  spec.peer_params(p).items()} for p in row] for row in grid]
     leaves = [w for row in weights for q in row for w in q.values()]
 
     def forward(x):
+        if autocast:
+            with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+                return layers(x).float()
+        return layers(x)
+
+    def layers(x):
         T, B = x.shape[0], x.shape[1]
         for row in weights:
             outs = []
@@ -94,7 +110,7 @@ def torch_eager_call(spec: CellSpec, config: Config, grid: list, mode: str,
         def infer(x):
             with torch.no_grad():
                 return forward(x)
-        return infer, "compiled step loop" if compiled else "eager loop"
+        return infer, label
 
     def train(x):
         for w in leaves:
@@ -104,7 +120,7 @@ def torch_eager_call(spec: CellSpec, config: Config, grid: list, mode: str,
         y = forward(x)
         y.sum().backward()
         return y
-    return train, "compiled step loop" if compiled else "eager loop"
+    return train, label
 
 
 # ---------------------------------------------------------------- JAX
