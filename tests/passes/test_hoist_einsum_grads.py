@@ -54,7 +54,21 @@ def readout_cell() -> rnnc.Cell:
     return c
 
 
-CELLS = {"gates": gates_cell, "readout": readout_cell,
+def kernel_cell() -> rnnc.Cell:
+    """Einsums that are no matrix product (three operands, no contraction): their weights'
+    gradients after the loop run as loop nests (LLVM) and kernels (CUDA) over (T, B) rows."""
+    c = rnnc.Cell("kernel")
+    heads, d = 2, 3
+    x, h = c.input("x", (heads, d)), c.state("h", (heads, d))
+    P, Q = c.param("P", (heads, d)), c.param("Q", (heads, d))
+    score = einsum("hd,hd,hd->h", h, x, P)[:, :, None]
+    new = rnnc.tanh(h * score + x + einsum("hd,hd->hd", h, Q))
+    c.update(h=new)
+    c.output("y", new.reshape(-1))
+    return c
+
+
+CELLS = {"gates": gates_cell, "kernel": kernel_cell, "readout": readout_cell,
          "slstm": lambda: rnnc.cells.slstm(4, 4, heads=2),
          "selective_ssm": lambda: rnnc.cells.selective_ssm(4, 3)}
 
@@ -78,6 +92,14 @@ def test_weight_gradients_of_head_wise_products_run_after_the_loop():
     assert len(_summed_einsums(backward.post)) == 4, format_program(backward)
     assert {"grad.Wz", "grad.Wf", "grad.Rz", "grad.Rf"} <= set(backward.post.outputs)
     assert not backward.scan.summed, format_program(backward)
+
+
+def test_weight_gradients_of_other_einsums_run_after_the_loop():
+    backward = _backward(kernel_cell())
+    assert not _summed_einsums(backward.scan.body), format_program(backward)
+    assert {"grad.P", "grad.Q"} <= set(backward.post.outputs)
+    specs = {n.attrs["spec"] for n in _summed_einsums(backward.post)}
+    assert "...h,...hd,...hd->hd" in specs, specs
 
 
 def test_slstm_recurrent_weight_gradient_runs_after_the_loop():
@@ -136,8 +158,11 @@ def _reference(name: str) -> dict[str, np.ndarray]:
 BACKENDS = {"numpy": {}, "llvm": {}, "cuda": {"emulate": True}}
 # Native builds take seconds each: the default suite runs the head-wise cell in float32 and
 # sLSTM in float64 on LLVM and CUDA (the weight gradients after the loop, whose rows span
-# (T, B), in both element types), every other native case with the slow tests.
-DEFAULT_NATIVE = {("gates", np.float32), ("slstm", np.float64)}
+# (T, B), in both element types), the kernel cell on CUDA, every other native case with the
+# slow tests.
+DEFAULT_NATIVE = {("gates", "llvm", np.float32), ("gates", "cuda", np.float32),
+                  ("slstm", "llvm", np.float64), ("slstm", "cuda", np.float64),
+                  ("kernel", "cuda", np.float64)}
 TOLERANCE = {np.float64: 1e-10, np.float32: 5e-5}
 
 
@@ -145,7 +170,7 @@ def _cases():
     for name in sorted(CELLS):
         for backend in sorted(BACKENDS):
             for dtype in (np.float64, np.float32):
-                slow = backend != "numpy" and (name, dtype) not in DEFAULT_NATIVE
+                slow = backend != "numpy" and (name, backend, dtype) not in DEFAULT_NATIVE
                 yield pytest.param(name, backend, dtype, id=f"{name}-{backend}-{dtype.__name__}",
                                    marks=[pytest.mark.slow] if slow else [])
 
