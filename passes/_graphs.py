@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from rnnc import ops
 from rnnc.ir import ARG, FUSED, GET, Graph, Program
+from rnnc.ops_tensor import parse
 
 
 def copy_node(dst: Graph, src: Graph, nid: int, inputs: Iterable[int], origin: str) -> int:
@@ -51,12 +52,17 @@ def downstream(g: Graph, sources: set[int]) -> set[int]:
 
 
 def is_row_contraction(g: Graph, nid: int) -> bool:
-    """A matmul[transpose_a] or sum_rows of per-step values: a sum over the batch rows."""
+    """A matmul[transpose_a], sum_rows or einsum without rows of per-step values: a sum over
+    the batch rows (an einsum ``"...he,...hd->hde"``, a head-wise weight's gradient)."""
     node = g.node(nid)
     if node.op is ops.matmul and node.attrs.get("transpose_a"):
         return per_step(g.node(node.inputs[0]).shape)
     if node.op is ops.sum_rows:
         return per_step(g.node(node.inputs[0]).shape)
+    if node.op is ops.einsum:
+        operands, (out_rows, _) = parse(node.attrs["spec"])
+        return not out_rows and any(rows and per_step(g.node(i).shape)
+                                    for (rows, _), i in zip(operands, node.inputs, strict=True))
     return False
 
 

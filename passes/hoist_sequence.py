@@ -10,7 +10,8 @@ elementwise work instead of writing whole sequences and reading them back.
 (b) Work that no carry's next value needs, and whose results only reach stacked or summed
 outputs, moves into ``post`` over the stacked sequences (the loop stacks what it reads as
 ``sink.N``); a summed row contraction ``matmul[transpose_a](a_t, g_t)`` becomes one
-``matmul[transpose_a](A, G)`` over all steps.
+``matmul[transpose_a](A, G)`` over all steps, and a head-wise weight's gradient
+``einsum[spec=...he,...hd->hde](g_t, a_t)`` one einsum over ``(T, B)`` rows.
 (c) A pure function of the per-step inputs that holds a reduction over the features (``mean``,
 ``sum``, ``amax``, ``amin``) moves into ``pre`` when the loop then reads no more sequence data
 per step: such a reduction is work every step repeats for nothing. Precisely: the nodes that

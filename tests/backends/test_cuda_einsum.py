@@ -145,17 +145,28 @@ def loop_gemms(fn: rnnc.Function, mode: str) -> list[tuple]:
             for call in calls]
 
 
+def post_gemms(fn: rnnc.Function, mode: str) -> list[tuple]:
+    """The shapes of (a, b, out) of every GEMM ``mode``'s post-loop graph makes."""
+    runner = next(r for key, r in fn._runners.items() if key[0] == mode)
+    (plan,) = runner.plans.plans.values()
+    return [tuple(np.shape(v) for v in (*call.args, call.keywords["out"]))
+            for call, entry in zip(plan.calls, plan.entries, strict=True)
+            if entry.where == "post" and entry.kind == "gemm"]
+
+
 @pytest.mark.parametrize("form", ["head-wise", "transposed", "weight first", "input", "kernel"])
 def test_einsum_cells_match_the_oracle(form: str) -> None:
     cell = heads_cell(form)
     fn = rnnc.compile(cell, backend="cuda", emulate=True)
     check_against_oracle(cell, fn)
-    # The recurrent product and, in the backward, both of its gradients (and the input
-    # einsum's weight gradient, a sum over each step's rows): one GEMM over the heads each;
-    # the head-wise dot product ("kernel") stays a kernel, as do its gradients.
+    # The recurrent product and, in the backward, the state's gradient: one GEMM over the
+    # heads each step; the weights' gradients (sums over the rows) one GEMM over the heads
+    # after the loop, its rows all T * B of them. The head-wise dot product ("kernel") stays a
+    # kernel, as do its gradients.
     assert [g[-1] for g in loop_gemms(fn, "forward")] == [(HEADS, B, D)]
-    backward = [(HEADS, B, D), (HEADS, D, D)] + [(HEADS, D, D)] * (form == "input")
-    assert sorted(g[-1] for g in loop_gemms(fn, "backward")) == sorted(backward)
+    assert [g[-1] for g in loop_gemms(fn, "backward")] == [(HEADS, B, D)]
+    weights = [(HEADS, D, D)] * (1 + (form == "input"))
+    assert [g[-1] for g in post_gemms(fn, "backward") if g[0][-1] == T * B] == weights
 
 
 def test_slstm_with_heads_matches_the_oracle() -> None:
@@ -165,8 +176,9 @@ def test_slstm_with_heads_matches_the_oracle() -> None:
 
 def test_a_step_of_the_slstm_is_one_batched_gemm() -> None:
     """Inference, training forward and backward: each einsum of a step is one GEMM over all
-    four heads (the backward's two: the state's gradient and the weight's), never one per
-    head; on the GPU path each is one cublasGemmStridedBatchedEx (cuBLAS simulated)."""
+    four heads (the backward's one: the state's gradient; the weight's runs after the loop),
+    never one per head; on the GPU path each is one cublasGemmStridedBatchedEx (cuBLAS
+    simulated)."""
     heads, hidden = 4, 16
     cell = rnnc.cells.slstm(8, hidden, heads=heads)
     d = hidden // heads
@@ -180,9 +192,11 @@ def test_a_step_of_the_slstm_is_one_batched_gemm() -> None:
     _, _, tape = fn.forward(x, p)
     fn.backward(tape, d_outputs={"y": np.ones((T, B, hidden), np.float32)})
     assert loop_gemms(fn, "forward") == loop_gemms(fn, "inference")
-    assert sorted(loop_gemms(fn, "backward")) == [
-        ((heads, B, 4 * d), (heads, 4 * d, d), (heads, B, d)),  # the state's gradient
-        ((heads, d, B), (heads, B, 4 * d), (heads, d, 4 * d))]  # the weight's, over the rows
+    assert loop_gemms(fn, "backward") == [
+        ((heads, B, 4 * d), (heads, 4 * d, d), (heads, B, d))]  # the state's gradient
+    # The weight's, a sum over the rows: once after the loop, over all T * B rows.
+    assert ((heads, d, T * B), (heads, T * B, 4 * d), (heads, d, 4 * d)) in post_gemms(
+        fn, "backward")
 
     simulated = SimulatedCublas()
     runner = fn._runners[("inference", "f32", False)]
