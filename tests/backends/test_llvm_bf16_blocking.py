@@ -35,3 +35,21 @@ def test_products_span_groups_and_row_blocks(tier) -> None:
         assert_fp32_accumulation(alone, a, w)
         # A team of two splits the panels: each thread's share starts its own groups.
         np.testing.assert_array_equal(gemm(a, w, threads=2), alone)
+
+
+@pytest.mark.parametrize("tier", ["avx512bf16", "emulate"])
+def test_each_thread_packs_its_own_panels(tier) -> None:
+    # Three panels for three threads: the packing runs pair row by pair row across a share's
+    # whole panels, and the last share holds only the partial panel (and the pair row half
+    # outside w: K odd).
+    if tier == "avx512bf16" and HOST not in ("amx", "avx512bf16"):
+        pytest.skip(f"this CPU has no vdpbf16ps (host tier {HOST})")
+    rng = np.random.default_rng(32)
+    w = rng.standard_normal((45, 70)).astype(np.float32)
+    a = rng.standard_normal((9, 45)).astype(np.float32)
+    gemm = Bf16Gemm(tier, 45, 70)
+    gemm.new_run()
+    shared = gemm(a, w, threads=3)
+    assert_fp32_accumulation(shared, a, w)
+    gemm.new_run()
+    np.testing.assert_array_equal(gemm(a, w), shared)
