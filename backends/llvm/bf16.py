@@ -248,24 +248,34 @@ def pack_function(module: ir.Module, k: int, n: int, transposed: bool = False) -
     w, packed, marker, first, stop = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     kp = padded_k(k)
-    pair_inside = _pack_pair_transposed if transposed else _pack_pair
     with b.if_then(b.icmp_unsigned("!=", b.load(marker), w)):
-        def panel(p: ir.Value) -> None:
-            whole = b.icmp_signed("<=", b.mul(b.add(p, _c(1)), _c(PANEL)), _c(n))
-            with b.if_else(whole) as (inside, edge):
-                with inside:
-                    end = emit_loop(b, _c(0), _c(k // 2), 1,
-                                    lambda q: pair_inside(b, w, packed, p, q, k, n))
-                    emit_loop(b, end, _c(kp // 2), 1,
-                              lambda q: _pack_edge(b, w, packed, p, q, k, n, transposed))
-                with edge:
-                    emit_loop(b, _c(0), _c(kp // 2), 1,
-                              lambda q: _pack_edge(b, w, packed, p, q, k, n, transposed))
-
-        emit_loop(b, first, stop, 1, panel)
+        # The panels inside w (whole), then the last one if it is partial (the edge).
+        whole_end = _min(b, stop, _c(n // PANEL))
+        if transposed:
+            # A panel's pair rows read its 32 rows of w along their length.
+            emit_loop(b, first, whole_end, 1, lambda p: emit_loop(
+                b, _c(0), _c(k // 2), 1,
+                lambda q: _pack_pair_transposed(b, w, packed, p, q, k, n)))
+        else:
+            # Pair by pair across the panels: w is read row after row, in the order of
+            # memory (panel by panel it would be read down its columns, a row 4 KiB or more
+            # from the next, which the hardware prefetchers do not follow).
+            emit_loop(b, _c(0), _c(k // 2), 1, lambda q: emit_loop(
+                b, first, whole_end, 1, lambda p: _pack_pair(b, w, packed, p, q, k, n)))
+        emit_loop(b, first, whole_end, 1, lambda p: emit_loop(
+            b, _c(k // 2), _c(kp // 2), 1,
+            lambda q: _pack_edge(b, w, packed, p, q, k, n, transposed)))
+        edge_start = b.select(b.icmp_signed(">", first, _c(n // PANEL)), first, _c(n // PANEL))
+        emit_loop(b, edge_start, stop, 1, lambda p: emit_loop(
+            b, _c(0), _c(kp // 2), 1,
+            lambda q: _pack_edge(b, w, packed, p, q, k, n, transposed)))
         b.store(w, marker)
     b.ret_void()
     return fn
+
+
+def _min(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    return b.select(b.icmp_signed("<", x, y), x, y)
 
 
 def _pair_row(b: ir.IRBuilder, packed: ir.Value, p: ir.Value, q: ir.Value, k: int) -> ir.Value:
