@@ -66,8 +66,9 @@ class Bf16Gemm:
     """One call site's bfloat16 ``matmul(a, b, out=)`` with float32 sums. A float32 operand
     is rounded at each call into bits this site owns; a uint16 operand is bits already (a loop
     constant :func:`convert_constants` rounded before the loop) and is read as it is. Through
-    ``blas`` (:class:`~.blas.Cublas`) on a GPU, ``fallback`` where a layout needs a copy; in
-    emulation (``blas`` None) NumPy multiplies the bits widened to float32, which is exact."""
+    ``blas`` (:class:`~.blas.Cublas`) on a GPU, ``fallback`` where a layout needs a copy;
+    without ``blas`` (emulation, or a GPU whose cuBLAS library could not be loaded)
+    ``xp.matmul`` multiplies the bits widened to float32, which is exact."""
 
     def __init__(self, xp: Any, rounder: Rounder, blas: Any = None, fallback: Any = None
                  ) -> None:
@@ -84,7 +85,7 @@ class Bf16Gemm:
         if not base.flags.c_contiguous:
             if self.blas is not None:
                 return None
-            base, flip = np.ascontiguousarray(x), False  # emulation: a copy costs nothing
+            base, flip = self.xp.ascontiguousarray(x), False  # no capture without blas
         key = (which, tuple(base.shape))
         bits = self.bits.get(key)
         if bits is None:  # made on the first (eager) call, never inside a capture
@@ -95,7 +96,7 @@ class Bf16Gemm:
     def __call__(self, a: Any, b: Any, out: Any = None) -> Any:
         a16, b16 = self._rounded(0, a), self._rounded(1, b)
         if self.blas is None:
-            return np.matmul(bf16.widened(a16), bf16.widened(b16), out=out)
+            return self.xp.matmul(bf16.widened(a16), bf16.widened(b16), out=out)
         arguments = None if a16 is None or b16 is None or out is None else \
             gemm_arguments(a16, b16, out)
         if arguments is None:

@@ -290,7 +290,7 @@ class Host:
         """``out = a @ b`` on 2-D views; transpose_a contracts every leading axis of a and b;
         ``precision="bf16"`` in bfloat16 with float32 sums (:mod:`.bf16`)."""
         matmul = self.xp.matmul
-        if precision == BF16:  # cuBLAS on a GPU, NumPy in emulation (.bf16_gemm)
+        if precision == BF16:  # cuBLAS on a GPU, xp.matmul without it (.bf16_gemm)
             matmul = Bf16Gemm(self.xp, self.rounding(), self._cublas() or None,
                               bf16.matmul_for(self.xp))
         elif self._cublas():  # a GPU: cuBLAS that CUDA graphs capture (.blas)
