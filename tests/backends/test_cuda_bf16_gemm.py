@@ -22,7 +22,7 @@ from test_cuda_ptx import ARCHS, compilers
 
 import rnnc
 from rnnc.backends.cuda import codegen
-from rnnc.backends.cuda.bf16 import ROUND_KERNEL, ROUND_SOURCE, widened
+from rnnc.backends.cuda.bf16 import ROUND_KERNEL, ROUND_SOURCE, emulated_matmul, widened
 from rnnc.backends.cuda.bf16_gemm import Bf16Gemm, Rounder
 from rnnc.backends.cuda.blas import COMPUTE_32F, CUDA_R_16BF
 from rnnc.backends.cuda.emulate import EmulatedModule
@@ -232,6 +232,22 @@ def test_a_gemm_rounds_only_what_is_not_bits_already() -> None:
         before = rounder.launches
         gemm(a, w, out=out)  # a float32 weight: rounded at this call
         assert rounder.launches - before == 2
+
+
+def test_on_a_gpu_a_layout_cublas_cannot_read_falls_back_with_the_bits() -> None:
+    """An operand with neither order contiguous goes to the fallback (CuPy's bfloat16 matmul,
+    here the emulation), given the weight's bits as they are; the others to cuBLAS."""
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((6, 8)).astype(np.float32)
+    w_bits = rng.standard_normal((8, 10)).astype(ml_dtypes.bfloat16).view(np.uint16).copy()
+    want = a.astype(ml_dtypes.bfloat16).astype(np.float32) @ widened(w_bits)
+    blas = SimulatedBf16Cublas()
+    gemm = Bf16Gemm(np, Rounder(np, rounding_kernel()), blas, emulated_matmul)
+    for operand, calls in ((a, 1), (np.repeat(a, 2, axis=1)[:, ::2], 1)):
+        out = np.zeros((6, 10), np.float32)
+        gemm(operand, w_bits, out=out)
+        assert blas.calls == calls
+        np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("compiler", compilers())
