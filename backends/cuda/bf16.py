@@ -9,9 +9,12 @@ product of two bfloat16 values is a float32 value, so only the order of the floa
 differs between the two. Everything around the GEMMs (the kernels, the states, the tape)
 stays float32.
 
-The fused-step and persistent kernels (:mod:`.fused_step`, :mod:`.persistent`) run bfloat16
-products too: before the time loop the plan converts the recurrent weight once into 16-bit
-bfloat16 bits (:func:`to_bits_for`, half the bytes of float32), and the kernel reads those
+A GEMM of the time loop rounds only the operands that change from step to step: the plan
+rounds each loop-constant operand (the recurrent weight) once per call, before the loop, and
+the GEMM reads those bits (:mod:`.bf16_gemm`). The fused-step and persistent kernels
+(:mod:`.fused_step`, :mod:`.persistent`) run bfloat16 products too: before the time loop the
+plan converts the recurrent weight once into 16-bit bfloat16 bits (half the bytes of
+float32), and the kernel reads those
 bits, rounds each element of the carried state it loads with :data:`DEVICE_HELPERS` (the same
 rounding as :data:`ROUND_SOURCE`), multiplies in float32 (exact: a product of two bfloat16
 values is a float32 value) and sums in float32. ``__float_as_uint``/``__uint_as_float`` are the
@@ -62,10 +65,17 @@ _CUDA_R_32F, _CUDA_R_16BF = 0, 14  # cudaDataType_t
 _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT = 68, -1
 
 
+def widened(bits: np.ndarray) -> np.ndarray:
+    """The float32 values of bfloat16 ``bits`` (uint16; exact), laid out as ``bits``."""
+    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
 def emulated_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None
                     ) -> np.ndarray:
-    """``a @ b`` with both operands rounded to bfloat16 and float32 sums, on the CPU."""
-    return np.matmul(round_bf16(a), round_bf16(b), out=out)
+    """``a @ b`` with both operands rounded to bfloat16 and float32 sums, on the CPU; an
+    operand given as bfloat16 bits (uint16) is read as it is."""
+    a, b = (widened(x) if x.dtype == np.uint16 else round_bf16(x) for x in (a, b))
+    return np.matmul(a, b, out=out)
 
 
 def emulated_bits(x: np.ndarray, out: np.ndarray) -> None:
@@ -106,7 +116,10 @@ class CublasBf16:
         self.one, self.zero = np.ones((), np.float32), np.zeros((), np.float32)
 
     def to_bf16(self, x: Any) -> Any:
-        """``x`` (a float32 view, any strides) as C-ordered bfloat16 bits (uint16)."""
+        """``x`` (a float32 view, any strides) as C-ordered bfloat16 bits (uint16); bits
+        already (a loop constant converted before the loop) as they are, C-ordered."""
+        if x.dtype == np.uint16:
+            return self.cupy.ascontiguousarray(x)
         x = self.cupy.ascontiguousarray(x, dtype=np.float32)
         y = self.cupy.empty(x.shape, np.uint16)
         n = x.size

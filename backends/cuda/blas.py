@@ -20,10 +20,11 @@ A batched product (an einsum such as ``"...hd,hde->...he"``, :mod:`.batched`) is
 matrices are each laid out as above, one matrix ``stride`` apart along the first axis.
 :func:`strided_batched_arguments` maps them, checked the same way.
 
-A bfloat16 GEMM (:mod:`.bf16`) rounds each operand into bits the call site owns (one launch of
-the rounding kernel on the contiguous array under the view) and multiplies them with float32
-sums. Where the library cannot be loaded, the GEMMs go through CuPy as before and the plans run
-call by call (``launch_report()`` says why).
+A bfloat16 GEMM (:mod:`.bf16_gemm`) calls :meth:`Cublas.gemm` on bfloat16 bits (``CUDA_R_16BF``)
+with float32 sums: each loop-constant operand rounded once per call before the loop, each other
+operand rounded at each call into bits the call site owns. Where the library cannot be loaded,
+the GEMMs go through CuPy as before and the plans run call by call (``launch_report()`` says
+why).
 """
 
 from __future__ import annotations
@@ -227,45 +228,19 @@ def data_types(dtype: Any, precision: str | None) -> tuple[int, int]:
 
 class DeviceGemm:
     """One call site's ``matmul(a, b, out=)`` through :class:`Cublas`, in the program's dtype
-    (``tf32``: float32 in TF32), or in bfloat16 with float32 sums (``bf16``: each operand
-    rounded into bits this site owns); falls back to ``fallback`` (CuPy) where an operand's
-    layout needs a copy."""
+    (``tf32``: float32 in TF32); falls back to ``fallback`` (CuPy) where an operand's layout
+    needs a copy. bfloat16 GEMMs are :class:`~.bf16_gemm.Bf16Gemm`."""
 
-    def __init__(self, blas: Cublas, dtype: Any, precision: str | None, fallback: Any,
-                 round_kernel: Any = None) -> None:
-        self.blas, self.fallback, self.round = blas, fallback, round_kernel
-        self.bf16 = precision == "bf16"
-        self.bits: dict[tuple[int, tuple], Any] = {}  # per operand and shape: its bits
+    def __init__(self, blas: Cublas, dtype: Any, precision: str | None, fallback: Any) -> None:
+        self.blas, self.fallback = blas, fallback
         self.data, self.compute = data_types(dtype, precision)
 
-    def _rounded(self, which: int, x: Any) -> Any | None:
-        """The bfloat16 bits of ``x`` in this site's own array, laid out as ``x`` (rounded
-        from the contiguous array under the view); None where neither order is contiguous."""
-        base, flip = (x, False) if x.flags.c_contiguous else (x.T, True)
-        if not base.flags.c_contiguous:
-            return None
-        key = (which, tuple(base.shape))
-        bits = self.bits.get(key)
-        if bits is None:  # made on the first (eager) call, never inside a capture
-            bits = self.bits[key] = self.blas.cupy.empty(base.shape, np.uint16)
-        if base.size:
-            self.round((min((base.size + 255) // 256, 4096),), (256,),
-                       (base, bits, np.int64(base.size)))
-        return bits.T if flip else bits
-
     def __call__(self, a: Any, b: Any, out: Any) -> Any:
-        if self.bf16:
-            a16, b16 = self._rounded(0, a), self._rounded(1, b)
-            arguments = None if a16 is None or b16 is None else gemm_arguments(a16, b16, out)
-            if arguments is not None:
-                self.blas.gemm(a16, b16, out, arguments, self.data, self.compute)
-                return out
-        else:
-            arguments = gemm_arguments(a, b, out)
-            if arguments is not None:
-                self.blas.gemm(a, b, out, arguments, self.data, self.compute)
-                return out
-        return self.fallback(a, b, out=out)
+        arguments = gemm_arguments(a, b, out)
+        if arguments is None:
+            return self.fallback(a, b, out=out)
+        self.blas.gemm(a, b, out, arguments, self.data, self.compute)
+        return out
 
 
 class DeviceBatchedGemm:

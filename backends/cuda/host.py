@@ -19,8 +19,9 @@ rows and hidden units; the product it absorbs has no buffer. A host runs one pat
 ``fused=False`` takes the loop body of ``Module.gemm_body`` (GEMM and kernel) where the module
 has both; a host given a ``persistent`` launch records the whole loop as one cooperative launch
 where the shape suits it (:mod:`.persistent`), else its steps as the fused path does. A bfloat16
-fused step or persistent kernel reads its weight as bfloat16 bits: the plan converts each such
-loop constant once, before the loop (:meth:`Host.bf16_weights`, an ``Entry("pre", "convert")``).
+fused step or persistent kernel reads its weight as bfloat16 bits, and a bfloat16 GEMM of the
+loop its loop-constant operands: the plan converts each such loop constant once per call,
+before the loop (:meth:`Host.bf16_weights`, an ``Entry("pre", "convert")``; :mod:`.bf16_gemm`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from rnnc import ops
 from rnnc.backends.buffers import BufferPlan, GraphBuffers, plan_buffers
 from rnnc.backends.cuda import batched, bf16
 from rnnc.backends.cuda.batched import BatchedGemm
+from rnnc.backends.cuda.bf16_gemm import Bf16Gemm, Rounder, bf16_constants, convert_constants
 from rnnc.backends.cuda.blas import Cublas, DeviceBatchedGemm, DeviceGemm
 from rnnc.backends.cuda.codegen import Gemm, Module, Work
 from rnnc.backends.cuda.fused_step import FusedStep
@@ -120,6 +122,7 @@ class Host:
         self.xp = xp
         self.how = how or CudaSchedule()  # launch geometry, when a scan takes its chunked kernel
         self.blas: Cublas | bool | None = None  # the GEMMs' handle on a GPU (False: none)
+        self.rounder: Rounder | None = None  # every bfloat16 rounding (.bf16_gemm), made once
         self.persistent = persistent
         self.schedule = schedule
         self.kernels = kernels
@@ -196,8 +199,11 @@ class Host:
                                      weights or {})
         if isinstance(step, Gemm):
             out = destination((step.node, 0), step.shape)
-            self.record_gemm(plan, replace(at, kind="gemm"), vals[step.a], vals[step.b], out,
-                             step.transpose_a, step.transpose_b, step.precision)
+            # A bfloat16 GEMM reads a loop constant as the bits converted before the loop.
+            a, b = ((weights or {}).get(i, vals[i]) if step.precision == BF16 else vals[i]
+                    for i in (step.a, step.b))
+            self.record_gemm(plan, replace(at, kind="gemm"), a, b, out, step.transpose_a,
+                             step.transpose_b, step.precision)
             return out
         if isinstance(step, BatchedGemm):
             out = destination((step.node, 0), step.shape)
@@ -244,20 +250,24 @@ class Host:
         """A new uint16 array that ``plan`` fills with the bfloat16 bits of ``weight`` (a call
         recorded at ``at``, kind "convert")."""
         bits = self.xp.empty(tuple(weight.shape), np.uint16)
-        plan.record(replace(at, kind="convert"), bf16.to_bits_for(self.xp), weight, bits)
+        plan.record(replace(at, kind="convert"), self.rounding(), weight, bits)
         return bits
 
     def bf16_weights(self, plan: Plan, env: Mapping[str, Any]) -> dict[int, Any]:
-        """The bfloat16 bits of each loop constant that a bfloat16 fused step reads as its
-        weight, by the weight's body slot, converted once before the loop."""
-        steps = {s.slot: s for s in self.schedule.body.steps}
-        bits: dict[int, Any] = {}
-        for work in self.work["body"].values():
-            if not (isinstance(work, FusedStep) and work.bf16) or work.b in bits:
-                continue
-            # A loop constant (.fused_step.fused_pairs): the same array at every step.
-            bits[work.b] = self.weight_bits(plan, Entry("pre", ""), env[steps[work.b].name])
-        return bits
+        """The bfloat16 bits of each loop constant that a bfloat16 product of the loop reads
+        (a fused step's weight, a GEMM's constant operand), by its body slot, each converted
+        once before the loop (:mod:`.bf16_gemm`)."""
+        constants = bf16_constants(self.schedule, self.work["body"].values())
+        return convert_constants(constants, env,
+                                 lambda weight: self.weight_bits(plan, Entry("pre", ""), weight))
+
+    def rounding(self) -> Rounder:
+        """The host's bfloat16 rounding: the rounding kernel where ``xp`` is CuPy, NumPy in
+        emulation; made on first use, outside any capture."""
+        if self.rounder is None:
+            cupy = getattr(self.xp, "__name__", "") == "cupy"
+            self.rounder = Rounder(self.xp, bf16.matmul_for(self.xp).round if cupy else None)
+        return self.rounder
 
     def _cublas(self) -> Cublas | bool | None:
         """The GEMMs' cuBLAS handle where ``xp`` is CuPy, made on first use; else None."""
@@ -279,12 +289,13 @@ class Host:
                     transpose_a: bool, transpose_b: bool, precision: str | None = None) -> None:
         """``out = a @ b`` on 2-D views; transpose_a contracts every leading axis of a and b;
         ``precision="bf16"`` in bfloat16 with float32 sums (:mod:`.bf16`)."""
-        matmul = bf16.matmul_for(self.xp) if precision == BF16 else self.xp.matmul
-        if self._cublas():  # a GPU: cuBLAS that CUDA graphs capture (.blas)
+        matmul = self.xp.matmul
+        if precision == BF16:  # cuBLAS on a GPU, xp.matmul without it (.bf16_gemm)
+            matmul = Bf16Gemm(self.xp, self.rounding(), self._cublas() or None,
+                              bf16.matmul_for(self.xp))
+        elif self._cublas():  # a GPU: cuBLAS that CUDA graphs capture (.blas)
             tf32 = self.how.precision == "tf32" and self.dtype == np.float32
-            matmul = DeviceGemm(self.blas, self.dtype, BF16 if precision == BF16 else
-                                "tf32" if tf32 else None, matmul,
-                                bf16.matmul_for(self.xp).round if precision == BF16 else None)
+            matmul = DeviceGemm(self.blas, self.dtype, "tf32" if tf32 else None, matmul)
         a2 = a.reshape(-1, a.shape[-1])
         if transpose_a:
             plan.record(at, matmul, a2.T, b.reshape(-1, b.shape[-1]), out=out)
