@@ -23,11 +23,12 @@ def _flashrnn(part: dict[str, Any]) -> list[str]:
              "Backends: " + ", ".join(part.get("backends", [])) + ". The last column is the "
              "largest difference of FlashRNN's y from rnnc's on the same input.", ""]
     lines += _table(["config", "cell", "mode", "contestant", "median (min-max)", "ratio",
-                     "max abs diff y"],
+                     "max abs diff y", "first call ms"],
                     [[r["config"], r["cell"], r["mode"], r["contestant"],
                       f"{_ms(r['median_ms'])} ({_ms(r['min_ms'])}-{_ms(r['max_ms'])})",
                       "" if r["ratio"] is None else f"{r['ratio']:.2f}",
-                      "" if r["max_abs_diff_y"] is None else f"{r['max_abs_diff_y']:.1e}"]
+                      "" if r["max_abs_diff_y"] is None else f"{r['max_abs_diff_y']:.1e}",
+                      _ms(r.get("first_call_ms"))]
                      for r in part.get("rows", [])])
     return lines + [f"- error: {error}" for error in part.get("errors", [])]
 

@@ -101,6 +101,7 @@ def test_an_emulated_flashrnn_part_times_rnnc_beside_flashrnn(gpu_check, tmp_pat
         ("lstm", "rnnc device"), ("lstm", "flashrnn vanilla")]
     peers = [r for r in part["rows"] if r["contestant"] != "rnnc device"]
     assert all(r["ratio"] > 0 and r["max_abs_diff_y"] < 1e-5 for r in peers)
+    assert all(r["first_call_ms"] > 0 for r in part["rows"])
     page = (tmp_path / "gpu_check.md").read_text()
     assert "## FlashRNN" in page and "| C1-tiny | slstm | inference | flashrnn vanilla |" in page
 
