@@ -11,7 +11,11 @@ a GPU host without PyPI) runs, each part stopped at its time budget:
    step, persistent, GEMM plus kernel, graph or not) and the first call's tuning time apart
    from the steady state;
 3. ``profile``: one C1 call under ``cupyx.profiler.benchmark``: host time, kernel (GPU) time of
-   a device call, the copies of a NumPy round trip, and host time without a CUDA graph.
+   a device call, the copies of a NumPy round trip, and host time without a CUDA graph;
+4. ``flashrnn``: ``benchmarks/flashrnn_peer.py``'s rows at C1 (sLSTM with 4 heads, LSTM):
+   rnnc's device call beside FlashRNN's ``cuda_fused`` and ``cuda`` backends, each its own row,
+   where ``flashrnn`` imports (the report says why not where it does not; docs/benchmarks.md
+   says how to carry its wheels).
 
 It writes ``gpu_check.md`` and ``gpu_check.json`` into ``--out`` (default: the current
 directory), saying what each part skipped at its budget. A watchdog thread writes what is there
@@ -46,6 +50,7 @@ import numpy as np
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cuda_vs_cudnn  # noqa: E402  (benchmarks/ is no package: the script beside this one)
+import flashrnn_peer  # noqa: E402
 from gpu_check_report import to_markdown  # noqa: E402
 
 import rnnc  # noqa: E402
@@ -53,7 +58,7 @@ from rnnc.tools import bench  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # Shares of --minutes per part; the rest is slack for imports, compiles and the report.
-SHARES = {"tests": 0.30, "bench": 0.50, "profile": 0.08}
+SHARES = {"tests": 0.25, "bench": 0.42, "profile": 0.07, "flashrnn": 0.16}
 CELLS = "lstm,gru,ln_lstm"
 
 
@@ -111,7 +116,8 @@ def _plain(value: Any) -> Any:
 def environment(emulate: bool) -> dict[str, Any]:
     """Versions and the device; what is missing for a GPU run."""
     found = {name: importlib.util.find_spec(name) is not None
-             for name in ("cupy", "torch", "jax", "hypothesis", "xdist", "scipy_openblas32")}
+             for name in ("cupy", "torch", "jax", "flashrnn", "hypothesis", "xdist",
+                          "scipy_openblas32")}
     env: dict[str, Any] = {"python": platform.python_version(), "numpy": np.__version__,
                            "rnnc": getattr(rnnc, "__version__", "?"), "found": found,
                            "missing": None if emulate else cuda_vs_cudnn.gpu_missing()}
@@ -305,16 +311,42 @@ def measure(call: Callable[[], Any], place: cuda_vs_cudnn.Place, reps: int) -> d
             "gpu_ms": float(np.median(result.gpu_times)) * 1e3}
 
 
+def flashrnn_rows(record: dict[str, Any], budget: float, args: argparse.Namespace,
+                  place: cuda_vs_cudnn.Place) -> str:
+    """flashrnn_peer's rows at C1 per mode and cell until ``budget``, as :func:`bench_rows`
+    does: rnnc's device call beside each FlashRNN backend (``vanilla`` in emulation)."""
+    record["rows"], record["errors"] = [], []
+    record["backends"] = backends = ("vanilla",) if place.emulate else \
+        flashrnn_peer.GPU_BACKENDS
+    config = bench.tiny(bench.CONFIGS["C1"]) if args.size == "tiny" else bench.CONFIGS["C1"]
+    start, longest = time.perf_counter(), 0.0
+    for mode in args.modes.split(","):
+        for cell in args.flashrnn_cells.split(","):
+            label = f"{config.name} {cell} {mode}"
+            # The first row also JIT-compiles FlashRNN's kernels: it is the longest.
+            if budget - (time.perf_counter() - start) <= longest:
+                record["skipped"].append(label)
+                continue
+            row_start = time.perf_counter()
+            flashrnn_peer.measure(record, config, cell, mode, place, backends, "highest",
+                                  args.reps, args.warmup)
+            print(f"gpu_check:   {label} {time.perf_counter() - row_start:.1f} s", flush=True)
+            longest = max(longest, time.perf_counter() - row_start)
+    return "stopped at its budget" if record["skipped"] else "done"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=".", help="directory of gpu_check.md and .json")
     parser.add_argument("--minutes", type=float, default=7.5,
                         help="the whole run's limit; parts get shares of it (default 7.5)")
-    parser.add_argument("--parts", default="tests,bench,profile")
+    parser.add_argument("--parts", default=",".join(SHARES))
     parser.add_argument("--tests", nargs="*", help="test files (default: those marking cuda)")
     parser.add_argument("--configs", default="C1,C2,C3,C4")
     parser.add_argument("--cells", default=CELLS, help="the first is also profiled")
     parser.add_argument("--modes", default="inference,training")
+    parser.add_argument("--flashrnn-cells", default=",".join(flashrnn_peer.CELLS),
+                        help="the cells the flashrnn part times against FlashRNN")
     parser.add_argument("--size", choices=("full", "tiny"), default="full")
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=3)
@@ -333,6 +365,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(parts) - set(SHARES))
     if unknown or args.reps < 5:
         parser.error(f"unknown parts {unknown}" if unknown else "--reps must be at least 5")
+    not_flashrnn = sorted(set(args.flashrnn_cells.split(",")) - set(flashrnn_peer.CELLS))
+    if not_flashrnn:
+        parser.error(f"--flashrnn-cells: FlashRNN runs {', '.join(flashrnn_peer.CELLS)}, "
+                     f"not {', '.join(not_flashrnn)}")
     check = Check(args)
     watchdog = threading.Timer(args.minutes * 60, _stop, (check,))
     watchdog.daemon = True
@@ -351,6 +387,12 @@ def main(argv: list[str] | None = None) -> int:
         elif part == "tests":
             check.done(record, run_tests(record, budgets[part], args.tests or cuda_test_files(),
                                          check))
+        elif part == "flashrnn":
+            why_not = flashrnn_peer.flashrnn_missing()
+            if why_not:
+                record["skipped"].append(f"all: {why_not}")
+            check.done(record, "not run" if why_not else flashrnn_rows(
+                record, budgets[part], args, cuda_vs_cudnn.Place(args.emulate)))
         elif part == "bench":
             check.done(record, bench_rows(record, budgets[part], args,
                                           cuda_vs_cudnn.Place(args.emulate)))

@@ -15,6 +15,24 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     return lines + [""]
 
 
+def _flashrnn(part: dict[str, Any]) -> list[str]:
+    """The flashrnn part's rows: rnnc's device call beside each FlashRNN backend."""
+    if not part.get("rows") and not part.get("errors"):
+        return []
+    lines = ["", "## FlashRNN (ms; ratio = rnnc device / FlashRNN, lower is better)", "",
+             "Backends: " + ", ".join(part.get("backends", [])) + ". The last column is the "
+             "largest difference of FlashRNN's y from rnnc's on the same input.", ""]
+    lines += _table(["config", "cell", "mode", "contestant", "median (min-max)", "ratio",
+                     "max abs diff y", "first call ms"],
+                    [[r["config"], r["cell"], r["mode"], r["contestant"],
+                      f"{_ms(r['median_ms'])} ({_ms(r['min_ms'])}-{_ms(r['max_ms'])})",
+                      "" if r["ratio"] is None else f"{r['ratio']:.2f}",
+                      "" if r["max_abs_diff_y"] is None else f"{r['max_abs_diff_y']:.1e}",
+                      _ms(r.get("first_call_ms"))]
+                     for r in part.get("rows", [])])
+    return lines + [f"- error: {error}" for error in part.get("errors", [])]
+
+
 def to_markdown(data: dict[str, Any]) -> str:
     """Every part's status, results and skips, as one page."""
     env = data.get("environment", {})
@@ -70,6 +88,7 @@ def to_markdown(data: dict[str, Any]) -> str:
         lines += _table(["what", "host ms", "GPU ms"],
                         [[name, _ms(r["host_ms"]), _ms(r["gpu_ms"])]
                          for name, r in profile["rows"].items()])
+    lines += _flashrnn(parts.get("flashrnn", {}))
     skipped = [(name, item) for name, p in parts.items() for item in p["skipped"]]
     lines += ["## Skipped", ""]
     lines += [f"- {name}: {item}" for name, item in skipped] or ["- nothing"]

@@ -67,12 +67,43 @@ def test_an_emulated_check_writes_every_part_and_what_it_skipped(gpu_check, tmp_
 def test_without_a_gpu_the_gpu_parts_say_why_they_did_not_run(gpu_check, tmp_path,
                                                               monkeypatch) -> None:
     monkeypatch.setattr(gpu_check.cuda_vs_cudnn, "gpu_missing", lambda: "CuPy is not installed")
-    assert gpu_check.main(["--out", str(tmp_path), "--parts", "bench,profile"]) == 0
+    assert gpu_check.main(["--out", str(tmp_path), "--parts", "bench,profile,flashrnn"]) == 0
     parts = json.loads((tmp_path / "gpu_check.json").read_text())["parts"]
     assert {name: (p["status"], p["skipped"]) for name, p in parts.items()} == {
-        "tests": ("not run", ["all: not in --parts bench,profile"]),
+        "tests": ("not run", ["all: not in --parts bench,profile,flashrnn"]),
         "bench": ("not run", ["all: CuPy is not installed"]),
-        "profile": ("not run", ["all: CuPy is not installed"])}
+        "profile": ("not run", ["all: CuPy is not installed"]),
+        "flashrnn": ("not run", ["all: CuPy is not installed"])}
+
+
+def test_the_flashrnn_part_says_why_flashrnn_did_not_run(gpu_check, tmp_path,
+                                                        monkeypatch) -> None:
+    monkeypatch.setattr(gpu_check.flashrnn_peer, "flashrnn_missing",
+                        lambda: "flashrnn does not import (ModuleNotFoundError: x)")
+    assert gpu_check.main(["--emulate", "--out", str(tmp_path), "--parts", "flashrnn"]) == 0
+    data = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert data["parts"]["flashrnn"] == {
+        "status": "not run", "budget_s": pytest.approx(0.16 * 7.5 * 60),
+        "seconds": pytest.approx(0, abs=1),
+        "skipped": ["all: flashrnn does not import (ModuleNotFoundError: x)"]}
+    assert "- flashrnn: all: flashrnn does not import" in (tmp_path / "gpu_check.md").read_text()
+
+
+def test_an_emulated_flashrnn_part_times_rnnc_beside_flashrnn(gpu_check, tmp_path) -> None:
+    pytest.importorskip("flashrnn", reason="flashrnn, an optional GPU peer, is not installed")
+    assert gpu_check.main(["--emulate", "--size", "tiny", "--out", str(tmp_path),
+                           "--parts", "flashrnn", "--modes", "inference", "--reps", "5",
+                           "--warmup", "1"]) == 0
+    part = json.loads((tmp_path / "gpu_check.json").read_text())["parts"]["flashrnn"]
+    assert part["status"] == "done" and part["errors"] == [] and part["backends"] == ["vanilla"]
+    assert [(r["cell"], r["contestant"]) for r in part["rows"]] == [
+        ("slstm", "rnnc device"), ("slstm", "flashrnn vanilla"),
+        ("lstm", "rnnc device"), ("lstm", "flashrnn vanilla")]
+    peers = [r for r in part["rows"] if r["contestant"] != "rnnc device"]
+    assert all(r["ratio"] > 0 and r["max_abs_diff_y"] < 1e-5 for r in peers)
+    assert all(r["first_call_ms"] > 0 for r in part["rows"])
+    page = (tmp_path / "gpu_check.md").read_text()
+    assert "## FlashRNN" in page and "| C1-tiny | slstm | inference | flashrnn vanilla |" in page
 
 
 def test_the_watchdog_writes_what_there_is_and_ends_the_run(gpu_check, tmp_path,
@@ -99,7 +130,8 @@ def test_the_watchdog_writes_what_there_is_and_ends_the_run(gpu_check, tmp_path,
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--budget", "nope=3"], "the parts are tests, bench, profile"),
+    (["--budget", "nope=3"], "the parts are tests, bench, profile, flashrnn"),
+    (["--flashrnn-cells", "gru"], "FlashRNN runs slstm, lstm, not gru"),
     (["--parts", "tests,everything"], "unknown parts ['everything']"),
     (["--reps", "3"], "--reps must be at least 5")])
 def test_bad_options_are_refused(gpu_check, capsys, argv: list[str], message: str) -> None:
