@@ -67,22 +67,30 @@ def _candidates(program: Program, params: dict[str, tuple]
     return by_key
 
 
-def _bias_of(body: Graph, member: int, width: int, params: dict[str, tuple]
-             ) -> tuple[int, str] | None:
-    """(add node, bias name) when the member's only use is ``add(member, b)``, ``b`` a
-    parameter whose last axis has the member's ``width`` and that leaves its type as it is."""
+def added_parameter(body: Graph, member: int, params: dict[str, tuple]
+                    ) -> tuple[int, str] | None:
+    """(add node, parameter name) when ``member``'s only use is ``add(member, b)``, ``b`` a
+    parameter, and the add leaves the member's type as it is (a bias either gate rule folds)."""
     users = body.users(member)
     if len(users) != 1 or member in body.outputs.values():
         return None
     add = body.node(users[0])
-    if add.op is not ops.add or add.inputs.count(member) != 1:
+    if add.op is not ops.add or add.inputs.count(member) != 1 \
+            or add.type != body.node(member).type:
         return None
     other = body.node(add.inputs[1] if add.inputs[0] == member else add.inputs[0])
     name = other.attrs.get("name") if other.op is ARG else None
-    if name not in params or not params[name] or params[name][-1] != width \
-            or add.type != body.node(member).type:
+    return (add.id, name) if name in params else None
+
+
+def _bias_of(body: Graph, member: int, width: int, params: dict[str, tuple]
+             ) -> tuple[int, str] | None:
+    """The member's bias when it folds: a parameter whose last axis has the member's
+    ``width``."""
+    found = added_parameter(body, member, params)
+    if found is None or not params[found[1]] or params[found[1]][-1] != width:
         return None
-    return add.id, name
+    return found
 
 
 def _biases(body: Graph, members: list[int], names: list[str], params: dict[str, tuple],

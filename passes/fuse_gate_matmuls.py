@@ -109,17 +109,8 @@ def _groups(p: Program) -> list[tuple[int, list[int]]]:
 
 def _bias_of(body: Graph, mm: int, params: dict[str, tuple]) -> tuple[int, str] | None:
     """(add node, bias name) when the matmul's only use is ``add(mm, b)`` with b a vector param."""
-    users = body.users(mm)
-    if len(users) != 1 or mm in body.outputs.values():
-        return None
-    add = body.node(users[0])
-    if add.op is not ops.add or add.inputs.count(mm) != 1:
-        return None
-    other = body.node(add.inputs[1] if add.inputs[0] == mm else add.inputs[0])
-    if other.op is not ARG or other.attrs["name"] not in params or len(other.shape) != 1 \
-            or add.type != body.node(mm).type:
-        return None
-    return add.id, other.attrs["name"]
+    found = gate_einsums.added_parameter(body, mm, params)
+    return found if found is not None and len(params[found[1]]) == 1 else None
 
 
 def _read_members(g: Graph, offsets: dict[str, tuple[str, int, int]],
