@@ -59,3 +59,18 @@ def check_pass(program: Program, name: str, env: dict[str, np.ndarray], T: int, 
 
 def states_final(cell: rnnc.Cell) -> list[str]:
     return [final_state(s) for s in cell.states]
+
+
+def head_gates_cell(name: str = "gates", heads: int = 2, d: int = 3) -> rnnc.Cell:
+    """Two head-wise gates, each one einsum of the input and one of the state by its own
+    ``(heads, d, d)`` weight (``Wz, Wf, Rz, Rf``): what fuse-gate-matmuls packs into two
+    blocks, and whose four weight gradients are einsums summed over the rows."""
+    c = rnnc.Cell(name)
+    x, h = c.input("x", (heads, d)), c.state("h", (heads, d))
+    Wz, Wf, Rz, Rf = (c.param(n, (heads, d, d)) for n in ("Wz", "Wf", "Rz", "Rf"))
+    z = rnnc.tanh(rnnc.einsum("hd,hde->he", x, Wz) + rnnc.einsum("hd,hde->he", h, Rz))
+    f = rnnc.sigmoid(rnnc.einsum("hd,hde->he", x, Wf) + rnnc.einsum("hd,hde->he", h, Rf))
+    new = f * h + (1 - f) * z
+    c.update(h=new)
+    c.output("y", new.reshape(-1))
+    return c

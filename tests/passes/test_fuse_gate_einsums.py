@@ -16,7 +16,7 @@ import pytest
 import rnnc
 from rnnc import einsum
 from rnnc.passes import run as run_passes
-from tests.passes.common import check_pass
+from tests.passes.common import check_pass, head_gates_cell
 
 H, D = 2, 3  # heads, units per head
 T, B = 4, 3
@@ -25,15 +25,7 @@ GATES = ("z", "i", "f", "o")
 
 def probe_cell() -> rnnc.Cell:
     """Two gates, each one einsum of the input and one of the state per gate."""
-    c = rnnc.Cell("probe")
-    x, h = c.input("x", (H, D)), c.state("h", (H, D))
-    Wz, Wf, Rz, Rf = (c.param(n, (H, D, D)) for n in ("Wz", "Wf", "Rz", "Rf"))
-    z = rnnc.tanh(einsum("hd,hde->he", x, Wz) + einsum("hd,hde->he", h, Rz))
-    f = rnnc.sigmoid(einsum("hd,hde->he", x, Wf) + einsum("hd,hde->he", h, Rf))
-    new = f * h + (1 - f) * z
-    c.update(h=new)
-    c.output("y", new.reshape(-1))
-    return c
+    return head_gates_cell("probe", H, D)
 
 
 def slstm_per_gate() -> rnnc.Cell:

@@ -21,6 +21,7 @@ from rnnc import einsum, ops
 from rnnc.passes import pipeline
 from rnnc.passes import run as run_passes
 from rnnc.printer import format_program
+from tests.passes.common import head_gates_cell
 
 T, B = 5, 3
 LENGTHS = np.array([5, 3, 1])
@@ -29,17 +30,7 @@ LENGTHS = np.array([5, 3, 1])
 def gates_cell() -> rnnc.Cell:
     """Two head-wise gates on the input and the state: four weights, each with an einsum
     gradient summed over the rows."""
-    c = rnnc.Cell("gates")
-    heads, d = 2, 3
-    x, h = c.input("x", (heads, d)), c.state("h", (heads, d))
-    Wz, Wf = c.param("Wz", (heads, d, d)), c.param("Wf", (heads, d, d))
-    Rz, Rf = c.param("Rz", (heads, d, d)), c.param("Rf", (heads, d, d))
-    z = rnnc.tanh(einsum("hd,hde->he", x, Wz) + einsum("hd,hde->he", h, Rz))
-    f = rnnc.sigmoid(einsum("hd,hde->he", x, Wf) + einsum("hd,hde->he", h, Rf))
-    new = f * h + (1 - f) * z
-    c.update(h=new)
-    c.output("y", new.reshape(-1))
-    return c
+    return head_gates_cell("gates")
 
 
 def readout_cell() -> rnnc.Cell:
