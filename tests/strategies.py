@@ -196,6 +196,6 @@ def random_data(cell: rnnc.Cell, T: int = 3, B: int = 2, seed: int = 0,
     xs = {n: rng.standard_normal((T, B, s[-1])).astype(dtype)
           for n, s in cell.sizes("input").items()}
     params = {n: rng.uniform(-0.5, 0.5, s).astype(dtype) for n, s in cell.sizes("param").items()}
-    states = {n: rng.uniform(-0.5, 0.5, (B, s[-1])).astype(dtype)
+    states = {n: rng.uniform(-0.5, 0.5, (B, *s[1:])).astype(dtype)
               for n, s in cell.sizes("state").items()}
     return (next(iter(xs.values())) if len(xs) == 1 else xs), params, states

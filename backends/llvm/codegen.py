@@ -22,7 +22,7 @@ from llvmlite import ir
 from rnnc import ops
 from rnnc.backends.buffers import GraphBuffers, plan_buffers, plan_graph, result_writers
 from rnnc.backends.buffers import needed as needed_nodes
-from rnnc.backends.llvm import bf16, bf16_matmul, gemm
+from rnnc.backends.llvm import bf16, bf16_matmul, gemm, tensor
 from rnnc.backends.llvm.blas import Convention
 from rnnc.backends.llvm.context import I64, Buffer, Context, Plan
 from rnnc.backends.llvm.fused import emit_fused, fusible
@@ -225,6 +225,11 @@ class Lowering:
             return
         if node.op is ops.matmul:
             self.team.serial(lambda: RULES[node.op](ctx, node, out, *operands))
+            return
+        heads = tensor.heads_of(node, operands)
+        if heads is not None and heads > 1:  # each thread reads only its heads' weights
+            self.team.columns(lambda first, stop: tensor.emit_heads_of(ctx, node, out, operands,
+                                                                       (first, stop)), heads)
             return
         self.split(operands, [out], lambda i, o: RULES[node.op](ctx, node, o[0], *i))
 

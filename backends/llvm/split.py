@@ -21,7 +21,7 @@ import math
 from collections.abc import Sequence
 
 from rnnc import ops
-from rnnc.backends.llvm import mathlib, scan_chunks
+from rnnc.backends.llvm import mathlib, scan_chunks, tensor
 from rnnc.backends.llvm.fused import per_element_nest
 from rnnc.backends.steps import Step, program_steps
 from rnnc.backends.units import unit_width
@@ -77,7 +77,9 @@ def team_work(program: Program) -> int:
     width = 2 * mathlib.vector_width(64 if program.dtype == "f64" else 32)
     nodes = {step.slot: step.node for step in body.steps}
     return sum(panel_work(step.node, nodes[step.inputs[0]].shape, nodes[step.inputs[1]].shape,
-                          width) for step in body.steps if step.op is ops.matmul)
+                          width) if step.op is ops.matmul else
+               tensor.head_work(step.node, [nodes[i].shape for i in step.inputs])
+               for step in body.steps if step.op in (ops.matmul, ops.einsum))
 
 
 def scan_work(program: Program) -> tuple[int, int]:

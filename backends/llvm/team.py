@@ -20,7 +20,8 @@ runs on every thread. Each node of the step body is one of:
   rnnc's panel kernel (:mod:`rnnc.backends.llvm.gemm`); each thread packs and multiplies its
   own panels, or, beyond the schedule's ``one_core_panel_max_work`` multiply-adds per step,
   calls the BLAS on its own columns with the library set to one thread (by thread 0 at the
-  first step);
+  first step); a head-wise einsum (``"...hd,hde->...he"``) is split so by its heads, each
+  thread one one-thread BLAS call per head of its own (:func:`.tensor.emit_heads`);
 - ``rows``: a node whose every buffer has the batch axis ``B`` first or not at all and whose
   results all have it (elementwise, layout, a reduction over features, a copy): each thread
   computes a contiguous block of batch rows;

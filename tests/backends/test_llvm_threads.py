@@ -19,7 +19,7 @@ from tests.strategies import random_data  # noqa: E402
 TOL = {np.float32: 2e-5, np.float64: 1e-10}
 GRAD_TOL = {np.float32: 2e-4, np.float64: 1e-9}
 CELLS = {"lstm": rnnc.cells.lstm, "gru": rnnc.cells.gru, "ln_lstm": ln_lstm,
-         "mgu": rnnc.cells.mgu}
+         "mgu": rnnc.cells.mgu, "slstm": lambda i, h: rnnc.cells.slstm(i, h, heads=4)}
 _compiled: dict[tuple, rnnc.Function] = {}
 
 
@@ -69,6 +69,8 @@ CASES = [  # cell, (input, hidden), T, B, dtype, variable lengths
     # B * N * K above panel_max_work: the BLAS in a one-thread build of a backend of several
     # threads, the panel kernel in the team's and one thread's (one_core_panel_max_work)
     ("lstm", (4, 256), 2, 49, np.float32, False),
+    # head-wise products split by heads: 4 heads on 2, 3 and 8 threads
+    ("slstm", (5, 16), 4, 5, np.float64, True),
 ]
 # B * N * K above panel_max_work: with the team's panel-kernel limit lowered to it
 # (one_core_panel_max_work), a one-thread BLAS call on each thread's columns, whose rounding
@@ -116,6 +118,17 @@ def test_team_is_used_and_heuristic_keeps_small_sizes_on_one_thread(monkeypatch)
     f = function("lstm", (5, 16), 2, LlvmSchedule())  # the default team_min_work: 4 Mi
     run(f, "lstm", (5, 16), 3, 4, np.float32, False)
     assert calls == []
+
+
+def test_head_wise_products_count_as_team_work() -> None:
+    # sLSTM's one recurrent product is an einsum: a team splits it by heads, so its
+    # multiply-adds (heads * d * 4d per row) decide whether a sequence runs on the team.
+    program = rnnc.compile(rnnc.cells.slstm(8, 16, heads=4), backend="llvm", threads=2,
+                           team=True, cache_dir=False).program("forward")
+    assert split.team_work(program) == 4 * 4 * 16
+    one_head = rnnc.compile(rnnc.cells.slstm(8, 16, heads=1), backend="llvm", threads=2,
+                            team=True, cache_dir=False).program("forward")
+    assert split.team_work(one_head) == 0  # one head: the einsum stays on thread 0
 
 
 def test_team_is_on_unless_turned_off(monkeypatch) -> None:
