@@ -203,8 +203,12 @@ def test_a_backward_program_renders_no_fused_step() -> None:
 
 
 @pytest.mark.skipif(available_compiler() is None, reason=NO_COMPILER)
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("dtype", ["f32", "f64"])
+# Each arch and each dtype in the default suite (f32 for sm_80, f64 for sm_90); the two other
+# pairs with the heavier checks (pytest -m slow).
+@pytest.mark.parametrize("arch, dtype", [
+    ("sm_80", "f32"), ("sm_90", "f64"),
+    pytest.param("sm_80", "f64", marks=pytest.mark.slow),
+    pytest.param("sm_90", "f32", marks=pytest.mark.slow)])
 def test_fused_kernels_compile_to_ptx(arch: str, dtype: str) -> None:
     """Every cell's fused kernels, inference and training forward, at both sizes, as one
     module (kernels prefixed apart, the prelude once)."""

@@ -219,8 +219,12 @@ def test_a_timed_choice_can_keep_the_persistent_plan(monkeypatch: pytest.MonkeyP
 
 
 @pytest.mark.skipif(available_compiler() is None, reason=NO_COMPILER)
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("dtype", ["f32", "f64"])
+# Each arch and each dtype in the default suite (f32 for sm_80, f64 for sm_90); the two other
+# pairs with the heavier checks (pytest -m slow).
+@pytest.mark.parametrize("arch, dtype", [
+    ("sm_80", "f32"), ("sm_90", "f64"),
+    pytest.param("sm_80", "f64", marks=pytest.mark.slow),
+    pytest.param("sm_90", "f32", marks=pytest.mark.slow)])
 def test_persistent_kernels_compile_to_ptx(arch: str, dtype: str) -> None:
     """Every qualifying cell's persistent kernel, inference and training forward, forward and
     reverse, small and large H, as one source (kernels named apart, the prelude once)."""
