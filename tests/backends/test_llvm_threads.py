@@ -128,7 +128,7 @@ def test_head_wise_products_count_as_team_work() -> None:
     assert split.team_work(program) == 4 * 4 * 16
     one_head = rnnc.compile(rnnc.cells.slstm(8, 16, heads=1), backend="llvm", threads=2,
                             team=True, cache_dir=False).program("forward")
-    assert split.team_work(one_head) == 0  # one head: the einsum stays on thread 0
+    assert split.team_work(one_head) == 0  # one head: no team work (a team splits it by rows)
 
 
 def test_team_is_on_unless_turned_off(monkeypatch) -> None:
