@@ -231,30 +231,29 @@ class DeviceGemm:
     (``tf32``: float32 in TF32); falls back to ``fallback`` (CuPy) where an operand's layout
     needs a copy. bfloat16 GEMMs are :class:`~.bf16_gemm.Bf16Gemm`."""
 
+    arguments = staticmethod(gemm_arguments)  # the cuBLAS arguments of (a, b, out), or None
+
     def __init__(self, blas: Cublas, dtype: Any, precision: str | None, fallback: Any) -> None:
         self.blas, self.fallback = blas, fallback
         self.data, self.compute = data_types(dtype, precision)
 
     def __call__(self, a: Any, b: Any, out: Any) -> Any:
-        arguments = gemm_arguments(a, b, out)
+        arguments = self.arguments(a, b, out)
         if arguments is None:
             return self.fallback(a, b, out=out)
-        self.blas.gemm(a, b, out, arguments, self.data, self.compute)
+        self.multiply(a, b, out, arguments)
         return out
 
+    def multiply(self, a: Any, b: Any, out: Any, arguments: tuple) -> None:
+        self.blas.gemm(a, b, out, arguments, self.data, self.compute)
 
-class DeviceBatchedGemm:
+
+class DeviceBatchedGemm(DeviceGemm):
     """One call site's batched ``matmul(a, b, out=)`` on 3-D views through :class:`Cublas`:
     one cublasGemmStridedBatchedEx for every matrix of the batch, in the program's dtype
     (``tf32``: float32 in TF32); ``fallback`` (CuPy) where a matrix's layout needs a copy."""
 
-    def __init__(self, blas: Cublas, dtype: Any, precision: str | None, fallback: Any) -> None:
-        self.blas, self.fallback = blas, fallback
-        self.data, self.compute = data_types(dtype, precision)
+    arguments = staticmethod(strided_batched_arguments)
 
-    def __call__(self, a: Any, b: Any, out: Any) -> Any:
-        arguments = strided_batched_arguments(a, b, out)
-        if arguments is None:
-            return self.fallback(a, b, out=out)
+    def multiply(self, a: Any, b: Any, out: Any, arguments: tuple) -> None:
         self.blas.gemm_batched(a, b, out, arguments, self.data, self.compute)
-        return out
