@@ -148,6 +148,16 @@ def timed(call: Callable[[], Any], sync: Callable[[], None], reps: int, warmup: 
     return statistics.median(times), min(times), max(times)
 
 
+def ratio_rows(label: dict[str, Any], times: dict[str, tuple[float, float, float]],
+               ours: str = "rnnc device") -> list[dict[str, Any]]:
+    """One row per contestant of ``times`` (median, min, max ms), with ``label`` and the ratio
+    of ``ours``'s median to its (None for ``ours`` itself, or when ``ours`` has no time)."""
+    mine = times.get(ours)
+    return [{**label, "contestant": name, "median_ms": median, "min_ms": low, "max_ms": high,
+             "ratio": mine[0] / median if mine and name != ours else None}
+            for name, (median, low, high) in times.items()]
+
+
 def contestants(spec: bench.CellSpec, cell: str, config: bench.Config, mode: str,
                 place: Place, options: dict, x: np.ndarray,
                 compiled: dict[str, Any] | None = None) -> dict[str, Callable[[], Any]]:

@@ -175,12 +175,9 @@ def measure(record: dict[str, Any], config: bench.Config, cell: str, mode: str,
         except Exception as err:
             record["errors"].append({**label, "contestant": name,
                                      "error": f"{type(err).__name__}: {err}"})
-    ours = times.get("rnnc device")
-    for name, (median, low, high) in times.items():
-        record["rows"].append({**label, "contestant": name, "median_ms": median,
-                               "min_ms": low, "max_ms": high,
-                               "ratio": ours[0] / median if ours and name != "rnnc device"
-                               else None, "max_abs_diff_y": differences.get(name),
+    for row in cuda_vs_cudnn.ratio_rows(label, times):
+        name = row["contestant"]
+        record["rows"].append({**row, "max_abs_diff_y": differences.get(name),
                                "first_call_ms": first_ms[name]})
 
 

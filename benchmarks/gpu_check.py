@@ -242,11 +242,7 @@ def bench_row(record: dict[str, Any], config: bench.Config, cell: str, mode: str
             record["errors"].append({**label, "contestant": name,
                                      "error": f"{type(err).__name__}: {err}"})
     ours = times.get("rnnc device")
-    for name, (median, low, high) in times.items():
-        record["rows"].append({**label, "contestant": name, "median_ms": median,
-                               "min_ms": low, "max_ms": high,
-                               "ratio": ours[0] / median if ours and name != "rnnc device"
-                               else None})
+    record["rows"] += cuda_vs_cudnn.ratio_rows(label, times)
     function = compiled.get("rnnc device")
     if function is not None:
         for path in function.launch_report():
